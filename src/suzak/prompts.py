@@ -1,0 +1,115 @@
+"""Prompt templates and answer formats: the one place data builders, rewards, SFT targets and evaluation read them.
+
+R1-V's training and evaluation prompts drifted apart and cost users accuracy (R1-V #155). Everything in suzak that
+writes a question for the model or an ideal answer goes through this module, so they cannot drift.
+
+>>> render_prompt("r1v", "How many items are there in the image?")
+'How many items are there in the image?  Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags.'
+>>> render_answer("think_answer", "3", reasoning="I see 3 objects.")
+'<think> I see 3 objects. </think> <answer> 3 </answer>'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ANSWER_FORMATS",
+    "TEMPLATES",
+    "PromptTemplate",
+    "build_conversation",
+    "get_template",
+    "render_answer",
+    "render_prompt",
+]
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A question template (``{problem}`` is the question) and the answer format it asks the model for."""
+
+    name: str
+    text: str
+    answer_format: str
+    description: str = ""
+
+    def render(self, problem: str) -> str:
+        return self.text.format(problem=problem)
+
+
+# R1-V's CLEVR/GeoQA training prompt (src/r1-v/src/open_r1/grpo.py). Note the two spaces before "Output".
+_R1V_TRAIN = (
+    "{problem}  Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
+)
+# R1-V's SuperCLEVR evaluation prompt (src/eval/test_qwen2vl_counting_superclevr.py).
+_R1V_EVAL = "{problem} First output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
+# R1-V's GeoQA evaluation prompt: the training text with a single space.
+_R1V_GEOQA = (
+    "{problem} Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
+)
+_GSM8K_HASH = (
+    "{problem}\nSolve the problem step by step, then write the final answer as a number on its own last line "
+    "in the form '#### <number>'."
+)
+
+TEMPLATES: dict[str, PromptTemplate] = {
+    t.name: t
+    for t in (
+        PromptTemplate("r1v", _R1V_TRAIN, "think_answer", "R1-V training prompt (default for CLEVR counting)"),
+        PromptTemplate("r1v_eval", _R1V_EVAL, "think_answer", "R1-V SuperCLEVR evaluation prompt"),
+        PromptTemplate("r1v_geoqa", _R1V_GEOQA, "think_answer", "R1-V GeoQA evaluation prompt"),
+        PromptTemplate("gsm8k", _GSM8K_HASH, "gsm8k_hash", "GSM8K: worked steps ending in '#### N'"),
+        PromptTemplate("gsm8k_think", _R1V_TRAIN, "think_answer", "GSM8K with R1-V's <think>/<answer> tags"),
+        PromptTemplate("plain", "{problem}", "plain", "the question alone; the answer is the bare value"),
+    )
+}
+
+
+def get_template(name: str) -> PromptTemplate:
+    try:
+        return TEMPLATES[name]
+    except KeyError:
+        raise ValueError(f"unknown prompt template {name!r}; known: {', '.join(sorted(TEMPLATES))}") from None
+
+
+def render_prompt(template: str, problem: str) -> str:
+    """The user text for ``problem`` under the named template."""
+    return get_template(template).render(problem)
+
+
+def _think_answer(answer: str, reasoning: str) -> str:
+    return f"<think> {reasoning} </think> <answer> {answer} </answer>"
+
+
+def _gsm8k_hash(answer: str, reasoning: str) -> str:
+    return f"{reasoning}\n#### {answer}" if reasoning else f"#### {answer}"
+
+
+def _plain(answer: str, reasoning: str) -> str:
+    return answer
+
+
+# name -> f(answer, reasoning) -> completion text that the format's rewards score at their maximum.
+ANSWER_FORMATS = {"think_answer": _think_answer, "gsm8k_hash": _gsm8k_hash, "plain": _plain}
+
+
+def render_answer(answer_format: str, answer: str, reasoning: str = "Let me think step by step.") -> str:
+    """The ideal completion for ``answer`` in ``answer_format`` (used by the reward pre-flight and SFT targets)."""
+    try:
+        fmt = ANSWER_FORMATS[answer_format]
+    except KeyError:
+        raise ValueError(
+            f"unknown answer format {answer_format!r}; known: {', '.join(sorted(ANSWER_FORMATS))}"
+        ) from None
+    return fmt(str(answer).strip(), reasoning.strip())
+
+
+def build_conversation(text: str, num_images: int = 1) -> list[dict]:
+    """A single user turn in TRL's conversational form, image placeholders first (as Qwen2.5-VL is trained).
+
+    ``num_images=0`` gives a text-only turn (plain string content), which TRL and every chat template accept.
+    """
+    if num_images == 0:
+        return [{"role": "user", "content": text}]
+    content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
+    return [{"role": "user", "content": content}]

@@ -1,0 +1,209 @@
+"""The pixel budget: one min/max-pixels setting applied identically to training, vLLM generation and evaluation.
+
+Qwen2.5-VL sees an image as (h/28)·(w/28) visual tokens after ``smart_resize``. If the HF processor, vLLM and the
+eval script each resize on their own settings, the prompt's image tokens and the image features disagree ("image
+features and image tokens do not match", TRL #6401/#6294/#4488). suzak instead resizes every image once with
+:func:`fit_image`, before any processor sees it, and configures processors with the same bounds so they never
+resize again.
+
+>>> smart_resize(240, 320, min_pixels=3136, max_pixels=401408)  # a CLEVR render
+(252, 308)
+>>> visual_tokens(240, 320, min_pixels=3136, max_pixels=401408)
+99
+>>> visual_tokens(480, 640, min_pixels=3136, max_pixels=401408)  # a SuperCLEVR render
+391
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from qwen_vl_utils import smart_resize as _qwen_smart_resize
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MIN_PIXELS",
+    "FACTOR",
+    "PixelBudget",
+    "configure_processor",
+    "fit_image",
+    "precheck",
+    "smart_resize",
+    "to_rgb",
+    "visual_tokens",
+]
+
+logger = logging.getLogger(__name__)
+
+FACTOR = 28  # patch 14 × spatial merge 2: one visual token per 28×28 pixels (Qwen2-VL and Qwen2.5-VL)
+DEFAULT_MIN_PIXELS = 3136  # 4 tokens
+DEFAULT_MAX_PIXELS = 401408  # 512 tokens, R1-V's CLEVR setting
+
+
+@dataclass(frozen=True)
+class PixelBudget:
+    """The min/max pixels every image is fitted to."""
+
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self):
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(f"need 0 < min_pixels <= max_pixels, got {self.min_pixels} and {self.max_pixels}")
+        if self.max_pixels < FACTOR * FACTOR:
+            raise ValueError(f"max_pixels {self.max_pixels} is below one visual token ({FACTOR * FACTOR} pixels)")
+
+    def size(self, height: int, width: int) -> tuple[int, int]:
+        return smart_resize(height, width, self.min_pixels, self.max_pixels)
+
+    def tokens(self, height: int, width: int) -> int:
+        return visual_tokens(height, width, self.min_pixels, self.max_pixels)
+
+    def fit(self, image: Image.Image) -> Image.Image:
+        return fit_image(image, self.min_pixels, self.max_pixels)
+
+
+def smart_resize(
+    height: int,
+    width: int,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    factor: int = FACTOR,
+) -> tuple[int, int]:
+    """(h, w) the image is resized to: multiples of ``factor``, area within [min_pixels, max_pixels], aspect kept.
+
+    This is ``qwen_vl_utils.smart_resize`` (the reference implementation), with suzak's argument order.
+    """
+    return _qwen_smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def visual_tokens(
+    height: int,
+    width: int,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    factor: int = FACTOR,
+) -> int:
+    """Visual tokens the model sees for an image of this size under the budget: (h/28)·(w/28)."""
+    h, w = smart_resize(height, width, min_pixels, max_pixels, factor)
+    return (h // factor) * (w // factor)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode to 8-bit RGB: alpha composited on white, palettes expanded, 16/32-bit and float rescaled."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        array = np.asarray(image, dtype=np.float64)
+        lo, hi = float(array.min()), float(array.max())
+        scaled = (array - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(array)
+        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return image.convert("RGB")
+
+
+def fit_image(
+    image: Image.Image, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> Image.Image:
+    """The image as RGB at the budget's size, so no processor downstream resizes it again.
+
+    Uses bicubic resampling, as ``qwen_vl_utils.fetch_image`` does. An image already at the target size is only
+    converted, never resampled, so fitting twice is a no-op.
+    """
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"fit_image needs a PIL image, got {type(image).__name__}")
+    rgb = to_rgb(image)
+    h, w = smart_resize(rgb.height, rgb.width, min_pixels, max_pixels)
+    if h < FACTOR or w < FACTOR:
+        raise ValueError(f"image of {rgb.width}x{rgb.height} is too elongated to fit {max_pixels} pixels")
+    if (rgb.height, rgb.width) == (h, w):
+        return rgb
+    return rgb.resize((w, h), Image.Resampling.BICUBIC)
+
+
+def configure_processor(processor: Any, budget: PixelBudget) -> Any:
+    """Set the processor's image (and video) bounds to the budget, in place; returns the processor.
+
+    transformers 5 keeps the bounds in ``size={"shortest_edge", "longest_edge"}`` (min/max pixels). With the images
+    already fitted, the processor's own smart_resize then leaves them at their size.
+    """
+    for name in ("image_processor", "video_processor"):
+        sub = getattr(processor, name, None)
+        if sub is None or not hasattr(sub, "size"):
+            continue
+        sub.size = {"shortest_edge": budget.min_pixels, "longest_edge": budget.max_pixels}
+        for attr, value in (("min_pixels", budget.min_pixels), ("max_pixels", budget.max_pixels)):
+            if hasattr(sub, attr):
+                setattr(sub, attr, value)
+    return processor
+
+
+def _images_of(row: dict) -> list[Image.Image]:
+    if row.get("images") is not None:
+        return list(row["images"])
+    if row.get("image") is not None:
+        return [row["image"]]
+    return []
+
+
+def precheck(
+    dataset,
+    processing_class: Any,
+    budget: PixelBudget,
+    *,
+    max_completion_length: int = 0,
+    context_length: int | None = None,
+    num_rows: int | None = 256,
+) -> dict[str, Any]:
+    """Visual tokens and prompt length over (a sample of) a dataset, with a warning when prompts won't fit.
+
+    Prompt length = text tokens of the chat-templated prompt (one placeholder per image) + visual tokens.
+    Returns ``{"rows", "visual_tokens": {min, mean, max}, "prompt_tokens": {min, mean, max}, "too_long"}``.
+    """
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    n = len(dataset) if num_rows is None else min(num_rows, len(dataset))
+    visual, prompt_lengths, too_long = [], [], []
+    for index in range(n):
+        row = dataset[index]
+        tokens = sum(budget.tokens(img.height, img.width) for img in _images_of(row))
+        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        # each image placeholder is one <|image_pad|> in the text; the processor expands it to `tokens` pads
+        length = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(_images_of(row)) + tokens
+        visual.append(tokens)
+        prompt_lengths.append(length)
+        if context_length is not None and length + max_completion_length > context_length:
+            too_long.append(index)
+    report = {
+        "rows": n,
+        "visual_tokens": _summary(visual),
+        "prompt_tokens": _summary(prompt_lengths),
+        "too_long": too_long,
+    }
+    logger.info(
+        "pre-check over %d rows: visual tokens/prompt min %d mean %.1f max %d; prompt tokens min %d mean %.1f max %d",
+        n, *report["visual_tokens"].values(), *report["prompt_tokens"].values(),
+    )  # fmt: skip
+    if too_long:
+        logger.warning(
+            "%d of %d prompts + %d completion tokens exceed the model's context of %s tokens (first rows: %s); "
+            "lower max_pixels or max_completion_length, or filter those rows",
+            len(too_long), n, max_completion_length, context_length, too_long[:5],
+        )  # fmt: skip
+    return report
+
+
+def _summary(values: list[int]) -> dict[str, float]:
+    if not values:
+        return {"min": 0, "mean": 0.0, "max": 0}
+    return {"min": min(values), "mean": statistics.fmean(values), "max": max(values)}

@@ -1,0 +1,73 @@
+"""The offline tiny Qwen2.5-VL: loads through the Auto classes, generates with an image, is deterministic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+from suzak.prompts import build_conversation, render_answer, render_prompt
+from suzak.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, TinyConfig, build_model, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    return processor, model
+
+
+def test_loads_through_auto_classes(loaded, tiny_model_dir):
+    processor, model = loaded
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
+    assert type(processor.image_processor).__name__.startswith("Qwen2VLImageProcessor")
+    assert processor.chat_template == CHAT_TEMPLATE
+    assert AutoTokenizer.from_pretrained(tiny_model_dir).chat_template == CHAT_TEMPLATE
+    tokenizer = processor.tokenizer
+    for token in SPECIAL_TOKENS:
+        assert tokenizer.convert_tokens_to_ids(token) != tokenizer.unk_token_id
+        assert tokenizer.tokenize(token) == [token]
+    assert model.config.image_token_id == tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert model.config.vision_start_token_id == tokenizer.convert_tokens_to_ids("<|vision_start|>")
+
+
+def test_generates_with_an_image(loaded):
+    processor, model = loaded
+    prompt = build_conversation(render_prompt("r1v", "How many items are there in the image?"))
+    text = processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    assert "<|vision_start|><|image_pad|><|vision_end|>How many items" in text
+    inputs = processor(text=[text], images=[Image.new("RGB", (320, 240), (173, 35, 35))], return_tensors="pt")
+    assert (inputs["input_ids"] == model.config.image_token_id).sum().item() == 99  # (252/28)·(308/28)
+    torch.manual_seed(0)
+    out = model.generate(**inputs, max_new_tokens=8, do_sample=True)
+    assert out.shape[1] > inputs["input_ids"].shape[1]
+
+
+def test_vocabulary_reaches_the_rewards(loaded):
+    """Digits are single tokens and the prompt/answer words are whole tokens, so rewards are reachable."""
+    tokenizer = loaded[0].tokenizer
+    for digit in "0123456789":
+        assert tokenizer.tokenize(digit) == [digit]
+    for word in ["items", "cube", "sphere", "cylinder", "red", "yellow", "metal", "rubber", "clips", "think", "answer"]:
+        assert len(tokenizer.tokenize(" " + word)) == 1, word
+    ideal = render_answer("think_answer", "7", "I count 7 objects.")
+    assert tokenizer.decode(tokenizer(ideal)["input_ids"]) == ideal
+    assert len(tokenizer(ideal)["input_ids"]) <= 20
+
+
+def test_deterministic_for_a_seed():
+    config = TinyConfig(seed=3)
+    tok_a, tok_b = build_tokenizer(config), build_tokenizer(config)
+    assert tok_a.get_vocab() == tok_b.get_vocab()
+    state_a, state_b = build_model(tok_a, config).state_dict(), build_model(tok_b, config).state_dict()
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    other = build_model(tok_a, TinyConfig(seed=4)).state_dict()
+    assert not all(torch.equal(state_a[k], other[k]) for k in state_a)
+
+
+def test_rejects_bad_mrope_section():
+    config = TinyConfig(mrope_section=[1, 1])
+    with pytest.raises(ValueError, match="mrope_section"):
+        build_model(build_tokenizer(config), config)

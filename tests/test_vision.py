@@ -1,0 +1,120 @@
+"""The pixel budget: smart_resize agrees with qwen-vl-utils, fit_image handles every mode and extreme size."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import qwen_vl_utils
+from PIL import Image
+
+from suzak.vision import FACTOR, PixelBudget, configure_processor, fit_image, precheck, smart_resize, visual_tokens
+
+BUDGETS = [(3136, 401408), (3136, 501760), (56 * 56, 28 * 28 * 1280), (200704, 200704 * 4)]
+
+
+@pytest.mark.parametrize("min_pixels,max_pixels", BUDGETS)
+def test_smart_resize_matches_qwen_vl_utils(min_pixels, max_pixels):
+    rng = random.Random(min_pixels + max_pixels)
+    for _ in range(500):
+        h, w = rng.randint(1, 5000), rng.randint(1, 5000)
+        if max(h, w) / min(h, w) > 200:
+            continue
+        expected = qwen_vl_utils.smart_resize(h, w, factor=28, min_pixels=min_pixels, max_pixels=max_pixels)
+        got = smart_resize(h, w, min_pixels, max_pixels)
+        assert got == expected
+        assert got[0] % FACTOR == 0 and got[1] % FACTOR == 0
+        assert visual_tokens(h, w, min_pixels, max_pixels) == (got[0] // 28) * (got[1] // 28)
+
+
+def _image(mode: str, size=(37, 23)) -> Image.Image:
+    rng = np.random.default_rng(0)
+    w, h = size
+    if mode in ("I;16", "I"):
+        image = Image.fromarray(rng.integers(0, 65535, (h, w), dtype=np.uint16 if mode == "I;16" else np.int32))
+        assert image.mode == mode
+        return image
+    if mode == "F":
+        return Image.fromarray(rng.random((h, w), dtype=np.float32))
+    base = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8), "RGB")
+    if mode == "P":
+        return base.convert("P", palette=Image.Palette.ADAPTIVE)
+    if mode == "PA":  # palette with transparency
+        image = base.convert("P", palette=Image.Palette.ADAPTIVE)
+        image.info["transparency"] = 0
+        return image
+    return base.convert(mode)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "LA", "L", "1", "P", "PA", "CMYK", "YCbCr", "HSV", "I;16", "I", "F"])
+def test_fit_image_any_mode_to_rgb(mode):
+    image = _image(mode)
+    fitted = fit_image(image, 3136, 401408)
+    assert fitted.mode == "RGB"
+    assert (fitted.height, fitted.width) == smart_resize(image.height, image.width, 3136, 401408)
+    assert np.asarray(fitted).std() > 0  # content survived the conversion
+
+
+def test_fit_image_rgba_composites_on_white():
+    image = Image.new("RGBA", (56, 56), (255, 0, 0, 0))  # fully transparent red
+    assert fit_image(image).getpixel((10, 10)) == (255, 255, 255)
+
+
+def test_fit_image_sixteen_bit_uses_full_range():
+    array = np.array([[0, 65535] * 28] * 56, dtype=np.uint16)
+    fitted = np.asarray(fit_image(Image.fromarray(array)))
+    assert fitted.min() == 0 and fitted.max() == 255
+
+
+@pytest.mark.parametrize("size,expected", [((10, 10), (56, 56)), ((10000, 10000), (616, 616))])
+def test_fit_image_extreme_sizes(size, expected):
+    fitted = fit_image(Image.new("RGB", size, (1, 2, 3)), 3136, 401408)
+    assert (fitted.height, fitted.width) == expected
+    assert fitted.width * fitted.height <= 401408
+
+
+def test_fit_image_is_idempotent():
+    image = Image.new("RGB", (320, 240), (9, 9, 9))
+    once = fit_image(image)
+    assert fit_image(once) is once
+
+
+def test_fit_image_rejects_non_images():
+    with pytest.raises(TypeError, match="PIL image"):
+        fit_image(np.zeros((4, 4, 3)))
+
+
+def test_budget_validation():
+    with pytest.raises(ValueError, match="min_pixels <= max_pixels"):
+        PixelBudget(min_pixels=1000, max_pixels=10)
+    with pytest.raises(ValueError, match="one visual token"):
+        PixelBudget(min_pixels=10, max_pixels=100)
+
+
+def test_processor_sees_budget_tokens_after_fit(tiny_processor):
+    """After fit_image + configure_processor, the processor's token count equals the budget's prediction."""
+    budget = PixelBudget(3136, 100352)
+    processor = configure_processor(tiny_processor, budget)
+    sizes = [(320, 240), (640, 480), (17, 900), (1000, 1000)]
+    images = [budget.fit(Image.new("RGB", s, (50, 60, 70))) for s in sizes]
+    out = processor.image_processor(images=images, return_tensors="pt")
+    tokens = (out["image_grid_thw"].prod(-1) // 4).tolist()
+    assert tokens == [budget.tokens(h, w) for (w, h) in sizes]
+
+
+def test_precheck_reports_and_warns(tiny_processor, caplog):
+    from suzak.prompts import build_conversation
+
+    rows = [
+        {"prompt": build_conversation("How many items are there in the image?"), "image": Image.new("RGB", (320, 240))},
+        {"prompt": build_conversation("How many items are there in the image?"), "image": Image.new("RGB", (640, 480))},
+    ]
+    budget = PixelBudget(3136, 401408)
+    report = precheck(rows, tiny_processor, budget)
+    assert report["visual_tokens"] == {"min": 99, "mean": 245.0, "max": 391}
+    assert report["prompt_tokens"]["max"] - report["prompt_tokens"]["min"] == 391 - 99
+    assert report["too_long"] == []
+    report = precheck(rows, tiny_processor, budget, max_completion_length=256, context_length=500)
+    assert report["too_long"] == [1]
+    assert "exceed the model's context" in caplog.text
