@@ -1,0 +1,281 @@
+"""Answer parsers: the one place rewards, evaluation and data builders read an answer out of text.
+
+Pure functions on strings (no torch). Rewards call them per completion; evaluation calls the same ones, so a
+training reward and an eval score can never disagree about what the model answered.
+
+>>> parse_count("<think> I see three cubes. </think> <answer> 3 </answer>")
+3
+>>> parse_gsm8k_answer("48 / 2 = 24 and 48 + 24 = 72\\n#### 72")
+Decimal('72')
+>>> gold_answer("<answer> 140° </answer>")
+'140°'
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from decimal import Decimal
+
+__all__ = [
+    "completion_text",
+    "extract_tag",
+    "gold_answer",
+    "has_gsm8k_hash_line",
+    "is_think_format",
+    "math_equal",
+    "parse_count",
+    "parse_gsm8k_answer",
+    "parse_int_answer",
+    "parse_number",
+]
+
+logger = logging.getLogger(__name__)
+
+_NUMBER_WORDS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen twenty".split()
+    )
+}
+_INT_RE = re.compile(r"([+-]?[0-9]+)(?:\.0+)?")  # "3", "+3", "3.0" (a trailing "." is stripped first)
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+# A number-looking token in free text: "-$1,234.50", "18", ".5". Commas and "$" are removed by parse_number.
+_NUMBER_TOKEN_RE = re.compile(r"-?\$?-?(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)")
+# openai/grade-school-math's own extractor for the gold answer (commas removed afterwards).
+_GSM8K_GOLD_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+_THINK_FORMAT_RE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)  # R1-V's format reward
+# math-verify's own defaults (what R1-V ran with). Its timeouts use signal.alarm, which only works in the main thread.
+_PARSE_TIMEOUT_S = 5
+_VERIFY_TIMEOUT_S = 5
+
+
+def completion_text(completion) -> str:
+    """The text of one completion, in any form TRL hands to a reward function.
+
+    Accepts a plain string, a conversation (the last assistant message is taken; a message without a role counts,
+    as in TRL's own examples), and content given as a list of parts (the text parts are joined).
+
+    >>> completion_text("<answer>3</answer>")
+    '<answer>3</answer>'
+    >>> completion_text([{"role": "assistant", "content": "<answer>3</answer>"}])
+    '<answer>3</answer>'
+    >>> completion_text([{"role": "assistant", "content": [{"type": "text", "text": "<answer>3</answer>"}]}])
+    '<answer>3</answer>'
+    >>> completion_text(3)
+    Traceback (most recent call last):
+    ...
+    TypeError: a completion must be a string or a list of messages, not int
+    """
+    if isinstance(completion, str):
+        return completion
+    if not isinstance(completion, list):
+        raise TypeError(f"a completion must be a string or a list of messages, not {type(completion).__name__}")
+    replies = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+    if not replies:
+        raise TypeError(f"a completion given as a list must hold an assistant message, got {completion!r:.200}")
+    return _content_text(replies[-1].get("content"))
+
+
+def _content_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if isinstance(part, dict) and part.get("type") == "text")
+    raise TypeError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+
+
+def extract_tag(text: str, tag: str = "answer") -> str | None:
+    """The stripped content of the last ``<tag>…</tag>`` pair (newlines allowed inside), or None.
+
+    >>> extract_tag("<answer> 2 </answer> no, <answer>\\n3\\n</answer>")
+    '3'
+    >>> extract_tag("<answer>1<answer>2</answer>")
+    '2'
+    >>> extract_tag("3") is None
+    True
+    """
+    open_, close = f"<{tag}>", f"</{tag}>"
+    # Content may not contain another opening tag, so a stray "<answer>" before the last pair is not swallowed.
+    pattern = rf"{re.escape(open_)}((?:(?!{re.escape(open_)}).)*?){re.escape(close)}"
+    matches = re.findall(pattern, text, re.DOTALL)
+    return matches[-1].strip() if matches else None
+
+
+def gold_answer(solution) -> str:
+    """The gold answer text of a ``solution`` value, in any of the forms suzak's datasets use.
+
+    >>> gold_answer(3), gold_answer("<answer> 3 </answer>"), gold_answer(" 140° ")
+    ('3', '3', '140°')
+    >>> gold_answer("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\\n#### 1,234")
+    '1234'
+    >>> gold_answer("<answer>  </answer>")
+    Traceback (most recent call last):
+    ...
+    ValueError: empty gold answer in solution '<answer>  </answer>'
+    """
+    if solution is None:
+        raise ValueError("gold solution is None")
+    if isinstance(solution, bool) or not isinstance(solution, str | int | float | Decimal):
+        raise TypeError(f"a gold solution must be a string or a number, not {type(solution).__name__}")
+    text = str(solution).strip()
+    if (tagged := extract_tag(text)) is not None:
+        text = tagged
+    elif "####" in text:
+        match = _GSM8K_GOLD_RE.search(text)
+        if match is None:
+            raise ValueError(f"gold solution has '####' but no number after it: {solution!r:.200}")
+        text = match.group(1).replace(",", "")
+    if not text:
+        raise ValueError(f"empty gold answer in solution {solution!r:.200}")
+    return text
+
+
+def parse_int_answer(text: str) -> int | None:
+    """An integer from an answer string, or None: digits (``3``, ``+3``, ``3.0``, ``3.``) or a word zero..twenty.
+
+    >>> [parse_int_answer(s) for s in [" 3 ", "3.0", "3.", "+3", "Three", "3.5", "abc", "", "3 cubes"]]
+    [3, 3, 3, 3, 3, None, None, None, None]
+    """
+    text = text.strip().lower()
+    if text.endswith("."):
+        text = text[:-1].rstrip()
+    if text in _NUMBER_WORDS:
+        return _NUMBER_WORDS[text]
+    match = _INT_RE.fullmatch(text)
+    return int(match.group(1)) if match else None
+
+
+def parse_count(completion_text: str) -> int | None:
+    """The count inside the completion's last ``<answer>`` tag; None without the tag (as R1-V's eval requires).
+
+    >>> parse_count("<think>...</think><answer> 4 </answer>"), parse_count("4"), parse_count("<answer>four</answer>")
+    (4, None, 4)
+    """
+    answer = extract_tag(completion_text, "answer")
+    return None if answer is None else parse_int_answer(answer)
+
+
+def parse_number(text: str) -> Decimal | None:
+    """A number from an answer string: ``$`` and commas are dropped, so is one trailing ``.``; else None.
+
+    A ``%`` or a unit makes it unparseable: a bare number is expected here (see ``parse_gsm8k_answer`` for free text).
+
+    >>> parse_number("$1,234.50"), parse_number("-3"), parse_number("18."), parse_number(".5")
+    (Decimal('1234.50'), Decimal('-3'), Decimal('18'), Decimal('0.5'))
+    >>> parse_number("50%") is None, parse_number("18 apples") is None, parse_number("") is None
+    (True, True, True)
+    """
+    text = text.replace(",", "").replace("$", "").strip()
+    if text.endswith("."):
+        text = text[:-1]
+    return Decimal(text) if _NUMBER_RE.fullmatch(text) else None
+
+
+def parse_gsm8k_answer(completion_text: str) -> Decimal | None:
+    """The first number after the last ``####``; without ``####``, the first number in the last ``<answer>`` tag.
+
+    >>> parse_gsm8k_answer("So she has 2 + 16 = 18 eggs.\\n#### $18.")
+    Decimal('18')
+    >>> parse_gsm8k_answer("<think>2 + 16</think><answer> 1,234 dollars </answer>")
+    Decimal('1234')
+    >>> parse_gsm8k_answer("The answer is 18.") is None
+    True
+    """
+    if "####" in completion_text:
+        region = completion_text[completion_text.rfind("####") + 4 :]
+    else:
+        region = extract_tag(completion_text, "answer")
+        if region is None:
+            return None
+    match = _NUMBER_TOKEN_RE.search(region)
+    return parse_number(match.group()) if match else None
+
+
+def is_think_format(text: str) -> bool:
+    """R1-V's format rule: ``<think>…</think>`` then ``<answer>…</answer>`` and nothing else (outer space allowed).
+
+    >>> is_think_format(" <think>\\nthree cubes\\n</think>\\n<answer>3</answer>\\n")
+    True
+    >>> is_think_format("<answer>3</answer>"), is_think_format("<think>a</think><answer>3</answer> done")
+    (False, False)
+    """
+    return _THINK_FORMAT_RE.fullmatch(text.strip()) is not None
+
+
+def has_gsm8k_hash_line(text: str) -> bool:
+    """Whether the last non-empty line is ``#### <number>`` (the GSM8K answer format).
+
+    >>> has_gsm8k_hash_line("2 + 16 = 18\\n#### 18\\n"), has_gsm8k_hash_line("#### $1,234")
+    (True, True)
+    >>> has_gsm8k_hash_line("#### 18\\nDone."), has_gsm8k_hash_line("#### eighteen")
+    (False, False)
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith("####"):
+        return False
+    return parse_number(lines[-1][4:]) is not None
+
+
+def math_equal(completion_text: str, solution) -> bool:
+    """R1-V's accuracy rule: math-verify equivalence, or an exact match of the answers as strings.
+
+    Each side's answer is the stripped content of its last ``<answer>`` tag, or the whole stripped text without
+    one. The string match is tried first (it is cheap, and R1-V's result is the OR of both tests). Unlike R1-V,
+    math-verify sees only the tag content when the completion has one, so a number in the reasoning cannot
+    score. A completion math-verify cannot parse is simply wrong; a gold it cannot parse has only the string test.
+
+    >>> math_equal("<think>...</think> <answer>140°</answer>", "<answer> 140° </answer>")
+    True
+    >>> math_equal("<answer>40°</answer>", "140°"), math_equal("<answer>0.5</answer>", "\\\\frac{1}{2}")
+    (False, True)
+    >>> math_equal("<answer>\\\\sqrt{12}</answer>", "2√{3}"), math_equal("<answer>2√{5}</answer>", "2√{3}")
+    (True, False)
+    """
+    gold = gold_answer(solution)
+    tagged = extract_tag(completion_text, "answer")
+    if (completion_text.strip() if tagged is None else tagged) == gold:
+        return True
+    # Without tags math-verify finds the answer in the free text itself, as in R1-V's GeoQA eval.
+    predicted = completion_text if tagged is None else _as_latex(tagged)
+    return _math_verify_equal(gold, predicted)
+
+
+def _as_latex(answer: str) -> str:
+    """A bare answer as a LaTeX formula: bare ``2\\sqrt{3}`` parses as just ``2`` in math-verify, ``$2\\sqrt{3}$`` whole."""
+    answer = answer.replace("√", "\\sqrt")  # GeoQA writes 2√{3}; math-verify only knows \sqrt
+    return answer if "$" in answer or "\\(" in answer or "\\[" in answer else f"${answer}$"
+
+
+def _math_verify_equal(gold: str, predicted: str) -> bool:
+    from math_verify import parse, verify  # imported here: math-verify pulls in sympy (~1 s)
+    from math_verify.errors import TimeoutException
+
+    try:
+        gold_parsed = _parse_gold(gold)
+        if not gold_parsed:
+            logger.debug("math-verify cannot parse gold %r; exact string match only", gold)
+            return False
+        predicted_parsed = parse(predicted, parsing_timeout=_timeout(_PARSE_TIMEOUT_S))
+        return bool(predicted_parsed) and verify(
+            list(gold_parsed), predicted_parsed, timeout_seconds=_timeout(_VERIFY_TIMEOUT_S)
+        )
+    except (Exception, TimeoutException):  # math-verify catches its own errors; this is a second net, logged
+        logger.warning("math-verify failed on gold %r; exact string match only", gold, exc_info=True)
+        return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> tuple:
+    """math-verify's parse of a gold answer, cached: each gold is scored against num_generations completions."""
+    from math_verify import parse
+
+    return tuple(parse(_as_latex(gold), parsing_timeout=_timeout(_PARSE_TIMEOUT_S)))
+
+
+def _timeout(seconds: int) -> int | None:
+    """math-verify's timeouts use signal.alarm, which raises outside the main thread: there, run without one."""
+    return seconds if threading.current_thread() is threading.main_thread() else None

@@ -1,0 +1,351 @@
+"""Reward functions for GRPO, grouped by task, the ``REWARDS`` registry, and the reward pre-flight.
+
+Every reward is a plain function with TRL's signature ``f(completions, solution, **kwargs) -> list[float | None]``
+scoring 0.0..1.0; the answer parsing lives in :mod:`suzak.parsing`, shared with evaluation. A gold ``solution``
+that cannot be parsed raises ``ValueError`` naming the batch row: bad data must never become a silent zero.
+
+>>> completions = [[{"role": "assistant", "content": "<think> 3 cubes </think> <answer> 3 </answer>"}]]
+>>> clevr_count(completions, solution=["<answer> 3 </answer>"]), think_format(completions)
+([1.0], [1.0])
+>>> [f.__name__ for f in resolve_rewards(["clevr_count", "gsm8k_format"], {"gsm8k_format": {"style": "think"}})]
+['clevr_count', 'gsm8k_format']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterable
+
+from suzak import SuzakError
+from suzak.parsing import (
+    completion_text,
+    gold_answer,
+    has_gsm8k_hash_line,
+    is_think_format,
+    math_equal,
+    parse_count,
+    parse_gsm8k_answer,
+    parse_int_answer,
+    parse_number,
+)
+from suzak.prompts import render_answer
+
+__all__ = [
+    "REWARDS",
+    "clevr_count",
+    "gsm8k_accuracy",
+    "gsm8k_format",
+    "math_accuracy",
+    "preflight",
+    "resolve_reward",
+    "resolve_rewards",
+    "think_format",
+]
+
+logger = logging.getLogger(__name__)
+
+# Keyword arguments GRPOTrainer passes to every reward itself: a recipe must not set them.
+_TRL_REWARD_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+def _golds(solution: list, parse: Callable, reward: str) -> list:
+    """``parse(gold_answer(s))`` for each gold; a gold that fails raises ``ValueError`` naming its batch row."""
+    parsed = []
+    for row, value in enumerate(solution):
+        try:
+            gold = parse(gold_answer(value))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{reward}: bad gold solution in batch row {row}: {value!r:.200} ({exc})") from exc
+        if gold is None:
+            raise ValueError(f"{reward}: cannot parse the gold solution in batch row {row}: {value!r:.200}")
+        parsed.append(gold)
+    return parsed
+
+
+def _answer_match(
+    name: str,
+    completions: list,
+    solution: list,
+    parse_gold: Callable,
+    parse_answer: Callable,
+    log_metric: Callable | None,
+    log_extra: Callable | None,
+) -> list[float]:
+    """1.0 where ``parse_answer(completion)`` equals ``parse_gold(gold)``; an unparseable answer scores 0.0."""
+    golds = _golds(solution, parse_gold, name)
+    answers = [parse_answer(completion_text(c)) for c in completions]
+    _log_unparsed(answers, name, log_metric, log_extra)
+    return [float(a is not None and a == g) for a, g in zip(answers, golds, strict=True)]
+
+
+def _log_unparsed(answers: list, name: str, log_metric: Callable | None, log_extra: Callable | None) -> None:
+    """Report the parsed answers to TRL's completions table and the fraction that had none."""
+    if log_metric is not None:
+        log_metric(f"{name}/unparsed_frac", sum(a is None for a in answers) / max(len(answers), 1))
+    if log_extra is not None:
+        log_extra(f"{name}/answer", [None if a is None else str(a) for a in answers])
+
+
+# --- CLEVR counting (R1-V) ---------------------------------------------------------------------------------------
+
+
+def clevr_count(
+    completions: list,
+    solution: list,
+    log_metric: Callable | None = None,
+    log_extra: Callable | None = None,
+    **kwargs,
+) -> list[float | None]:
+    """1.0 when the count in the last ``<answer>`` tag equals the gold count, else 0.0 (no tag: 0.0).
+
+    >>> clevr_count(["<answer>3</answer>", "<answer>4</answer>", "3"], solution=[3, "3", "<answer> 3 </answer>"])
+    [1.0, 0.0, 0.0]
+    """
+    return _answer_match("clevr_count", completions, solution, parse_int_answer, parse_count, log_metric, log_extra)
+
+
+def think_format(completions: list, **kwargs) -> list[float | None]:
+    """1.0 for R1-V's ``<think>…</think> <answer>…</answer>`` format and nothing else, else 0.0.
+
+    >>> think_format(["<think>\\n3 cubes\\n</think>\\n<answer>3</answer>", "<answer>3</answer>"])
+    [1.0, 0.0]
+    """
+    return [float(is_think_format(completion_text(c))) for c in completions]
+
+
+# --- GSM8K -------------------------------------------------------------------------------------------------------
+
+
+def gsm8k_accuracy(
+    completions: list,
+    solution: list,
+    log_metric: Callable | None = None,
+    log_extra: Callable | None = None,
+    **kwargs,
+) -> list[float | None]:
+    """1.0 when the completion's final number (after ``####``, else in ``<answer>``) equals the gold numerically.
+
+    >>> gsm8k_accuracy(["#### 18", "#### $18.00", "#### 17", "18"], solution=["Janet ...\\n#### 18"] * 4)
+    [1.0, 1.0, 0.0, 0.0]
+    """
+    return _answer_match(
+        "gsm8k_accuracy", completions, solution, parse_number, parse_gsm8k_answer, log_metric, log_extra
+    )
+
+
+_GSM8K_FORMATS = {"hash": has_gsm8k_hash_line, "think": is_think_format}
+
+
+def gsm8k_format(completions: list, style: str = "hash", **kwargs) -> list[float | None]:
+    """1.0 when the completion is in the answer format: ``style="hash"`` ends in ``#### N``, ``"think"`` is R1-V's.
+
+    >>> gsm8k_format(["2 + 16 = 18\\n#### 18", "The answer is 18."]), gsm8k_format(["#### 18"], style="think")
+    ([1.0, 0.0], [0.0])
+    """
+    if style not in _GSM8K_FORMATS:
+        raise ValueError(f"gsm8k_format: unknown style {style!r}; known: {', '.join(_GSM8K_FORMATS)}")
+    is_format = _GSM8K_FORMATS[style]
+    return [float(is_format(completion_text(c))) for c in completions]
+
+
+# --- math (GeoQA and other free-form answers) --------------------------------------------------------------------
+
+
+def math_accuracy(completions: list, solution: list, **kwargs) -> list[float | None]:
+    """R1-V's accuracy reward: math-verify equivalence, or an exact string match, of the ``<answer>`` contents.
+
+    >>> math_accuracy(["<answer>140°</answer>", "<answer>40°</answer>"], solution=["<answer> 140° </answer>"] * 2)
+    [1.0, 0.0]
+    """
+    golds = _golds(solution, str, "math_accuracy")
+    return [float(math_equal(completion_text(c), g)) for c, g in zip(completions, golds, strict=True)]
+
+
+# --- registry ----------------------------------------------------------------------------------------------------
+
+REWARDS: dict[str, Callable] = {
+    f.__name__: f for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy)
+}
+
+
+def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
+    """The reward named ``name`` (a ``REWARDS`` key or a dotted path ``pkg.module.func``), bound to ``kwargs``.
+
+    With kwargs the result is a ``functools.partial`` that keeps the reward's ``__name__`` (TRL logs rewards under
+    it); each kwarg must be a named parameter of the reward, so a typo fails here rather than being ignored.
+
+    >>> resolve_reward("suzak.rewards.think_format") is think_format
+    True
+    >>> resolve_reward("gsm8k_format", {"style": "think"}).__name__
+    'gsm8k_format'
+    >>> resolve_reward("gsm8k_format", {"styel": "think"})
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: reward 'gsm8k_format' has no parameter 'styel'; its parameters: style
+    """
+    func = REWARDS.get(name) or _import_reward(name)
+    if not kwargs:
+        return func
+    _check_reward_kwargs(name, func, kwargs)
+    bound = functools.update_wrapper(functools.partial(func, **kwargs), func)
+    bound.__name__ = name if name in REWARDS else func.__name__
+    return bound
+
+
+def _import_reward(name: str) -> Callable:
+    module_name, _, attr = name.rpartition(".")
+    if not module_name:
+        raise SuzakError(
+            f"unknown reward {name!r}; known: {', '.join(REWARDS)} (or a dotted path such as 'my_pkg.rewards.my_reward')"
+        )
+    try:
+        func = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SuzakError(
+            f"cannot import reward {name!r} ({exc}); known rewards: {', '.join(REWARDS)} (or a dotted path)"
+        ) from exc
+    if not callable(func):
+        raise SuzakError(f"reward {name!r} is a {type(func).__name__}, not a function")
+    return func
+
+
+def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
+    params = inspect.signature(func).parameters
+    settable = [
+        p
+        for p, spec in params.items()
+        if spec.kind in (spec.POSITIONAL_OR_KEYWORD, spec.KEYWORD_ONLY) and p not in _TRL_REWARD_KWARGS
+    ]
+    for key in kwargs:
+        if key in _TRL_REWARD_KWARGS:
+            raise SuzakError(f"reward {name!r}: {key!r} is passed by the trainer and cannot be set in a recipe")
+        if key not in settable:
+            raise SuzakError(
+                f"reward {name!r} has no parameter {key!r}; its parameters: {', '.join(settable) or '(none)'}"
+            )
+
+
+def resolve_rewards(names: list[str], reward_kwargs: dict[str, dict] | None = None) -> list[Callable]:
+    """``resolve_reward`` for each name, with that name's kwargs from ``reward_kwargs`` (keys must be in ``names``).
+
+    >>> [f.__name__ for f in resolve_rewards(["clevr_count", "think_format"])]
+    ['clevr_count', 'think_format']
+    """
+    reward_kwargs = reward_kwargs or {}
+    stray = sorted(set(reward_kwargs) - set(names))
+    if stray:
+        raise SuzakError(f"reward kwargs given for {', '.join(stray)}, which is not among the rewards {names}")
+    return [resolve_reward(name, reward_kwargs.get(name)) for name in names]
+
+
+# --- pre-flight --------------------------------------------------------------------------------------------------
+
+
+def preflight(
+    dataset: Iterable[dict],
+    reward_funcs: list[Callable],
+    answer_format: str,
+    *,
+    num_rows: int = 8,
+    reward_weights: list[float] | None = None,
+) -> None:
+    """Check that every reward gives 1.0 to the ideal completion of the first ``num_rows`` rows, before training.
+
+    The ideal completion is ``render_answer(answer_format, gold)``. Each reward is called as GRPOTrainer calls it
+    (every dataset column as a keyword list), with plain-string and with conversational completions. A reward with
+    weight 0 is skipped. A mismatch between rewards and prompt template otherwise shows up only as a flat reward
+    curve hours later; here it raises ``SuzakError`` at once.
+
+    >>> rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
+    >>> preflight(rows, [clevr_count, think_format], "think_answer")
+    >>> preflight(rows, [clevr_count], "gsm8k_hash")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: reward pre-flight failed: reward 'clevr_count' returned 0.0 (expected 1.0) ...
+    """
+    rows = _head_rows(dataset, num_rows)
+    ideals = _ideal_completions(rows, answer_format)
+    weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
+    if len(weights) != len(reward_funcs):
+        raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
+    checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0]
+    for func in checked:
+        for form in ("plain", "conversational"):
+            _check_reward(func, rows, ideals, form, answer_format)
+    logger.info(
+        "reward pre-flight passed: %s give 1.0 to the ideal %r completion of %d rows (plain and conversational)",
+        ", ".join(_name(f) for f in checked) or "(no weighted rewards)",
+        answer_format,
+        len(rows),
+    )
+
+
+def _head_rows(dataset: Iterable[dict], num_rows: int) -> list[dict]:
+    rows = list(itertools.islice(iter(dataset), num_rows))
+    if not rows:
+        raise SuzakError("reward pre-flight: the dataset has no rows")
+    missing = {"prompt", "solution"} - set(rows[0])
+    if missing:
+        raise SuzakError(f"reward pre-flight: the dataset lacks the column(s) {', '.join(sorted(missing))}")
+    return rows
+
+
+def _ideal_completions(rows: list[dict], answer_format: str) -> list[str]:
+    ideals = []
+    for i, row in enumerate(rows):
+        try:
+            ideals.append(render_answer(answer_format, gold_answer(row["solution"])))
+        except (ValueError, TypeError) as exc:
+            raise SuzakError(f"reward pre-flight: row {i} (solution {row['solution']!r:.200}): {exc}") from exc
+    return ideals
+
+
+def _check_reward(func: Callable, rows: list[dict], ideals: list[str], form: str, answer_format: str) -> None:
+    """Raise ``SuzakError`` unless ``func`` scores every ideal completion (in ``form``) 1.0."""
+    completions = ideals if form == "plain" else [[{"role": "assistant", "content": t}] for t in ideals]
+    rewards = _call_reward(func, rows, completions, form)
+    failed = [i for i, r in enumerate(rewards) if r is None or not math.isclose(r, 1.0)]
+    if failed:
+        i = failed[0]
+        raise SuzakError(
+            f"reward pre-flight failed: reward {_name(func)!r} returned {rewards[i]!r} (expected 1.0) for row {i}"
+            f" ({len(failed)} of {len(rows)} rows failed) with {form} completions; gold {rows[i]['solution']!r:.200},"
+            f" ideal completion {ideals[i]!r:.300} (answer format {answer_format!r}): the reward and the answer"
+            " format / prompt template disagree."
+        )
+
+
+def _call_reward(func: Callable, rows: list[dict], completions: list, form: str) -> list:
+    """Call ``func`` as GRPOTrainer's ``_calculate_rewards`` does: every column but the prompt as a keyword list."""
+    columns = {k: [row[k] for row in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
+    try:
+        rewards = func(
+            prompts=[row["prompt"] for row in rows],
+            completions=completions,
+            completion_ids=[[] for _ in rows],  # no tokenizer here; length-based rewards are not checked
+            trainer_state=None,
+            log_extra=_discard,
+            log_metric=_discard,
+            **columns,
+        )
+        if inspect.isawaitable(rewards):
+            rewards = asyncio.run(rewards)
+    except Exception as exc:
+        raise SuzakError(f"reward pre-flight: reward {_name(func)!r} raised on {form} completions: {exc}") from exc
+    if len(rewards) != len(rows):
+        raise SuzakError(f"reward pre-flight: {_name(func)!r} returned {len(rewards)} values for {len(rows)} rows")
+    return rewards
+
+
+def _discard(*args, **kwargs) -> None:
+    """Stands in for TRL's ``log_extra``/``log_metric`` during the pre-flight."""
+
+
+def _name(func: Callable) -> str:
+    return getattr(func, "__name__", type(func).__name__)
