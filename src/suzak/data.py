@@ -1,0 +1,368 @@
+"""Dataset builders: one per source, all returning the same columns.
+
+Every builder returns a ``datasets.Dataset`` with
+
+- ``prompt``: TRL's conversational form, one user turn, image placeholders first (as Qwen2.5-VL is trained);
+- ``image`` (one PIL image) for image tasks, absent for text tasks;
+- ``solution``: the gold answer, in the form the source ships it (``"<answer> 3 </answer>"``, ``"18"``, ``"140°"``);
+- ``problem``: the bare question, plus the source's own fields.
+
+The question text always goes through :mod:`suzak.prompts`, so training, SFT and evaluation prompts agree.
+
+    python -m suzak.data clevr_synthetic --num_rows 5000 --seed 0 --output data/clevr5k          # save_to_disk
+    python -m suzak.data clevr_synthetic --num_rows 5000 --output data/clevr5k --format parquet  # Hub layout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from suzak import SuzakError
+from suzak.parsing import gold_answer
+from suzak.prompts import build_conversation, get_template
+
+__all__ = [
+    "DATASETS",
+    "build_dataset",
+    "clevr_cogen",
+    "clevr_synthetic",
+    "geoqa_r1v",
+    "gsm8k",
+    "jsonl",
+    "read_jsonl",
+    "save_dataset",
+]
+
+logger = logging.getLogger(__name__)
+
+CLEVR_COGEN_REPO = "leonardPKU/clevr_cogen_a_train"
+GEOQA_REPO = "leonardPKU/GEOQA_R1V_Train_8K"
+GSM8K_REPO = "openai/gsm8k"
+
+
+def _with_prompt(row: dict, template: str, num_images: int, question_key: str = "problem") -> dict:
+    text = get_template(template).render(str(row[question_key]).strip())
+    return {"prompt": build_conversation(text, num_images=num_images)}
+
+
+# --- procedural CLEVR -------------------------------------------------------------------------------------------
+
+
+def _clevr_rows(template: str, solution_format: str, **options) -> Iterator[dict]:
+    from suzak.clevr import generate_rows
+
+    for row in generate_rows(**options):
+        problem = row["problem"]
+        yield {
+            **_with_prompt({"problem": problem}, template, num_images=1),
+            "image": row["image"],
+            "solution": solution_format.format(n=row["count"]),
+            "problem": problem,
+            "count": row["count"],
+            "question_type": row["question_type"],
+            "scene": row["scene"],
+            "index": row["index"],
+        }
+
+
+def clevr_synthetic(
+    num_rows: int = 2000,
+    *,
+    seed: int = 0,
+    start: int = 0,
+    min_objects: int = 3,
+    max_objects: int = 10,
+    split: str = "A",
+    question_types: tuple[str, ...] | list[str] = ("total", "attribute"),
+    width: int = 320,
+    height: int = 240,
+    template: str = "r1v",
+    solution_format: str = "<answer> {n} </answer>",
+    progress: bool = True,
+    cache_dir: str | None = None,
+):
+    """Procedurally drawn CLEVR-like counting scenes (offline). Row ``i`` depends only on ``(seed, start + i)``.
+
+    Use disjoint ``start`` ranges (or seeds) for a held-out split. The ``scene`` column is the JSON scene description.
+    """
+    import datasets
+
+    features = datasets.Features(
+        {
+            "prompt": [{"role": datasets.Value("string"), "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],
+            "image": datasets.Image(),
+            "solution": datasets.Value("string"),
+            "problem": datasets.Value("string"),
+            "count": datasets.Value("int32"),
+            "question_type": datasets.Value("string"),
+            "scene": datasets.Value("string"),
+            "index": datasets.Value("int64"),
+        }
+    )  # fmt: skip
+    options = {
+        "num": num_rows, "seed": seed, "start": start, "min_objects": min_objects, "max_objects": max_objects,
+        "split": split, "question_types": tuple(question_types), "width": width, "height": height, "progress": progress,
+    }  # fmt: skip
+    return datasets.Dataset.from_generator(
+        _clevr_rows,
+        gen_kwargs={"template": template, "solution_format": solution_format, **options},
+        features=features,
+        cache_dir=cache_dir,
+    )
+
+
+# --- Hub sources -------------------------------------------------------------------------------------------------
+
+
+def _r1v_hub(repo_id: str, split: str, template: str, **kwargs):
+    from suzak.hub import load_hub_dataset
+
+    hint = (
+        f"With network, run once `python -c \"import datasets; datasets.load_dataset('{repo_id}')"
+        ".save_to_disk('data/" + repo_id.split("/")[-1] + "')\"` and set dataset_name to that folder; "
+        "offline, use dataset_name=clevr_synthetic or a JSONL file"
+    )
+    dataset = load_hub_dataset(repo_id, split=split, hint=hint, **kwargs)
+    return _r1v_columns(dataset, template)
+
+
+def _r1v_columns(dataset, template: str):
+    """R1-V's Hub layout (``image``, ``problem``, ``solution``) to suzak's columns."""
+    missing = {"image", "problem", "solution"} - set(dataset.column_names)
+    if missing:
+        raise SuzakError(f"dataset lacks R1-V column(s) {sorted(missing)}; it has {dataset.column_names}")
+    return dataset.map(lambda row: _with_prompt(row, template, num_images=1), desc="prompts")
+
+
+def clevr_cogen(split: str = "train", *, template: str = "r1v", **kwargs):
+    """R1-V's CLEVR-CoGenT-A counting set from the Hub (``leonardPKU/clevr_cogen_a_train``, ~70k rows)."""
+    return _r1v_hub(CLEVR_COGEN_REPO, split, template, **kwargs)
+
+
+def geoqa_r1v(split: str = "train", *, template: str = "r1v", **kwargs):
+    """R1-V's GeoQA training set from the Hub (``leonardPKU/GEOQA_R1V_Train_8K``)."""
+    return _r1v_hub(GEOQA_REPO, split, template, **kwargs)
+
+
+def gsm8k_gold(answer: str) -> str:
+    """The gold number of a GSM8K worked answer (official ``#### N`` extractor, commas removed)."""
+    if "####" not in answer:
+        raise ValueError(f"no '#### <number>' in GSM8K answer {answer[-80:]!r}")
+    return gold_answer(answer)
+
+
+def _gsm8k_columns(dataset, template: str, source: str):
+    missing = {"question", "answer"} - set(dataset.column_names)
+    if missing:
+        raise SuzakError(f"{source}: GSM8K rows need 'question' and 'answer', missing {sorted(missing)}")
+
+    def convert(row: dict, index: int) -> dict:
+        try:
+            gold = gsm8k_gold(row["answer"])
+        except ValueError as error:
+            raise SuzakError(f"{source} row {index}: {error}") from None
+        return {**_with_prompt(row, template, 0, "question"), "solution": gold, "problem": row["question"]}
+
+    return dataset.map(convert, with_indices=True, desc="prompts")
+
+
+def gsm8k(split: str = "train", *, path: str | None = None, template: str = "gsm8k", **kwargs):
+    """GSM8K (Hub ``openai/gsm8k``, config ``main``) or a local JSONL of the same rows (``path``).
+
+    ``solution`` is the gold number; the worked ``answer`` is kept (SFT targets use it).
+    """
+    import datasets
+
+    if path is not None:
+        rows = [row for _, row in read_jsonl(path)]
+        return _gsm8k_columns(datasets.Dataset.from_list(rows), template, str(path))
+    from suzak.hub import load_hub_dataset
+
+    hint = "Offline, pass a local JSONL of GSM8K rows ({'question', 'answer'}) as dataset_name"
+    dataset = load_hub_dataset(GSM8K_REPO, "main", split=split, hint=hint, **kwargs)
+    return _gsm8k_columns(dataset, template, GSM8K_REPO)
+
+
+# --- local files -------------------------------------------------------------------------------------------------
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, row) for each non-empty line; a malformed line is an error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise SuzakError(f"JSONL file not found: {path}")
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SuzakError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            if not isinstance(row, dict):
+                raise SuzakError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+            yield number, row
+
+
+_QUESTION_KEYS = ("problem", "question")
+_GOLD_KEYS = ("solution", "ground_truth", "answer")
+_IMAGE_KEYS = ("image", "image_path")
+
+
+def _first_key(row: dict, keys: tuple[str, ...]) -> str | None:
+    return next((k for k in keys if k in row), None)
+
+
+def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: str = "r1v", **_unused):
+    """A local JSONL file of image questions.
+
+    Accepts R1-V's eval lines (``{"image_path", "question", "ground_truth"}``) and training-style lines
+    (``image``/``images``, ``problem``, ``solution``). Image paths are relative to ``image_root`` when given, else
+    to the file's folder. Images load lazily; every path is checked up front, and a missing one is an error that
+    names the first missing path and how many are missing.
+    """
+    import datasets
+
+    path = Path(path)
+    root = Path(image_root) if image_root is not None else path.parent
+    records, missing = [], []
+    for number, row in read_jsonl(path):
+        records.append(_jsonl_record(row, number, path, root, template, missing))
+    if not records:
+        raise SuzakError(f"{path}: no rows")
+    if missing:
+        raise SuzakError(f"{path}: {len(missing)} image(s) missing, first {missing[0]} (image_root={root})")
+    dataset = datasets.Dataset.from_list(records)
+    image_column = "images" if "images" in dataset.column_names else "image"
+    feature = datasets.Image() if image_column == "image" else datasets.List(datasets.Image())
+    return dataset.cast_column(image_column, feature)
+
+
+def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str]) -> dict:
+    question_key, gold_key = _first_key(row, _QUESTION_KEYS), _first_key(row, _GOLD_KEYS)
+    if question_key is None or gold_key is None:
+        raise SuzakError(f"{path}:{number}: need a question ({'/'.join(_QUESTION_KEYS)}) and a gold answer "
+                         f"({'/'.join(_GOLD_KEYS)}); got keys {sorted(row)}")  # fmt: skip
+    if "images" in row:
+        images = {"images": [str(root / p) for p in row["images"]]}
+        paths = images["images"]
+    elif (image_key := _first_key(row, _IMAGE_KEYS)) is not None:
+        images = {"image": str(root / row[image_key])}
+        paths = [images["image"]]
+    else:
+        raise SuzakError(f"{path}:{number}: no image ({'/'.join(_IMAGE_KEYS)}/images); got keys {sorted(row)}")
+    missing.extend(p for p in paths if not Path(p).is_file())
+    own = {k: v for k, v in row.items() if k not in {"image", "images", question_key, gold_key}}
+    return {
+        **_with_prompt({"problem": row[question_key]}, template, num_images=len(paths)),
+        **images,
+        "problem": str(row[question_key]),
+        "solution": str(row[gold_key]),
+        "line": number,
+        **{k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in own.items()},
+    }
+
+
+# --- registry ----------------------------------------------------------------------------------------------------
+
+DATASETS: dict[str, Callable[..., Any]] = {
+    "clevr_synthetic": clevr_synthetic,
+    "clevr_cogen": clevr_cogen,
+    "geoqa_r1v": geoqa_r1v,
+    "gsm8k": gsm8k,
+    "jsonl": jsonl,
+}
+
+
+def build_dataset(name: str, **options):
+    """A dataset by builder name, Hub alias, local folder (``save_to_disk``/parquet) or JSONL file."""
+
+    if name in DATASETS:
+        return DATASETS[name](**options)
+    aliases = {CLEVR_COGEN_REPO: clevr_cogen, GEOQA_REPO: geoqa_r1v, GSM8K_REPO: gsm8k}
+    if name in aliases:
+        return aliases[name](**options)
+    path = Path(name)
+    if path.suffix == ".jsonl":
+        return _local_jsonl(path, **options)
+    if path.is_dir():
+        return _local_folder(path, **options)
+    raise SuzakError(
+        f"unknown dataset {name!r}: not a builder ({', '.join(DATASETS)}), a Hub alias "
+        f"({', '.join(aliases)}), a .jsonl file or a local dataset folder"
+    )
+
+
+def _local_jsonl(path: Path, **options):
+    """A JSONL file: GSM8K rows (question + answer, no image) or image questions."""
+    first = next((row for _, row in read_jsonl(path)), {})
+    if "answer" in first and "question" in first and not set(_IMAGE_KEYS + ("images",)) & set(first):
+        return gsm8k(path=str(path), **{k: v for k, v in options.items() if k == "template"})
+    return jsonl(path, **options)
+
+
+def _local_folder(path: Path, template: str = "r1v", split: str = "train", **_unused):
+    """A folder written by ``save_to_disk`` (prompts included) or a Hub-layout parquet/R1-V copy."""
+    import datasets
+
+    if (path / "dataset_info.json").is_file() or (path / "state.json").is_file():
+        dataset = datasets.load_from_disk(str(path))
+    elif (path / "dataset_dict.json").is_file():
+        dataset = datasets.load_from_disk(str(path))[split]
+    else:
+        dataset = datasets.load_dataset(str(path), split=split)
+    if "prompt" in dataset.column_names:
+        return dataset
+    if {"question", "answer"} <= set(dataset.column_names):
+        return _gsm8k_columns(dataset, template if template != "r1v" else "gsm8k", str(path))
+    return _r1v_columns(dataset, template)
+
+
+def save_dataset(dataset, output: str | Path, fmt: str = "disk") -> Path:
+    """Write ``dataset`` as ``save_to_disk`` output or in the Hub's parquet layout (``data/train-*.parquet``)."""
+    output = Path(output)
+    if fmt == "disk":
+        dataset.save_to_disk(str(output))
+    elif fmt == "parquet":
+        (output / "data").mkdir(parents=True, exist_ok=True)
+        dataset.to_parquet(str(output / "data" / "train-00000-of-00001.parquet"))
+    else:
+        raise SuzakError(f"unknown format {fmt!r}: use 'disk' or 'parquet'")
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m suzak.data", description="Build a dataset and write it to disk.")
+    parser.add_argument("name", choices=sorted(DATASETS), help="builder")
+    parser.add_argument("--output", required=True, help="folder to write")
+    parser.add_argument("--format", default="disk", choices=["disk", "parquet"], help="save_to_disk or Hub parquet")
+    parser.add_argument("--num_rows", type=int, default=2000, help="clevr_synthetic: rows to draw")
+    parser.add_argument("--seed", type=int, default=0, help="clevr_synthetic: seed")
+    parser.add_argument("--start", type=int, default=0, help="clevr_synthetic: first scene index")
+    parser.add_argument("--min_objects", type=int, default=3)
+    parser.add_argument("--max_objects", type=int, default=10)
+    parser.add_argument("--path", help="jsonl/gsm8k: local file")
+    parser.add_argument("--template", default=None, help="prompt template (suzak.prompts.TEMPLATES)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    options: dict[str, Any] = {"template": args.template} if args.template else {}
+    if args.name == "clevr_synthetic":
+        options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start,
+                    "min_objects": args.min_objects, "max_objects": args.max_objects}  # fmt: skip
+    elif args.path:
+        options["path"] = args.path
+    try:
+        dataset = build_dataset(args.name, **options)
+        out = save_dataset(dataset, args.output, args.format)
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"wrote {len(dataset)} rows ({', '.join(dataset.column_names)}) to {out}")
+
+
+if __name__ == "__main__":
+    main()

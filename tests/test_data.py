@@ -1,0 +1,135 @@
+"""Dataset builders: same columns from every source, clear errors for bad input and for the Hub offline."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from PIL import Image
+
+from suzak import SuzakError
+from suzak.data import build_dataset, clevr_synthetic, gsm8k, gsm8k_gold, jsonl, save_dataset
+from suzak.prompts import render_prompt
+
+
+def _user_text(prompt: list[dict]) -> str:
+    content = prompt[0]["content"]
+    return content if isinstance(content, str) else next(p["text"] for p in content if p["type"] == "text")
+
+
+def test_gsm8k_local_jsonl(gsm8k_jsonl):
+    ds = gsm8k(path=str(gsm8k_jsonl))
+    assert {"prompt", "solution", "problem", "question", "answer"} <= set(ds.column_names)
+    assert ds["solution"] == ["37", "3600", "10.5", "-5"]
+    row = ds[0]
+    assert row["prompt"][0]["role"] == "user" and isinstance(row["prompt"][0]["content"], str)
+    assert row["prompt"][0]["content"] == render_prompt("gsm8k", row["question"])
+    assert "image" not in ds.column_names
+    assert build_dataset(str(gsm8k_jsonl))["solution"] == ds["solution"]
+
+
+@pytest.mark.parametrize(
+    "answer,gold",
+    [("so 72.\n#### 72", "72"), ("#### 1,234", "1234"), ("#### -5", "-5"), ("#### 2.5", "2.5")],
+)
+def test_gsm8k_gold(answer, gold):
+    assert gsm8k_gold(answer) == gold
+
+
+def test_gsm8k_row_without_gold_names_the_row(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        json.dumps({"question": "q", "answer": "#### 3"}) + "\n" + json.dumps({"question": "q", "answer": "no"})
+    )
+    with pytest.raises(SuzakError, match="row 1"):
+        gsm8k(path=str(path))
+
+
+def _write_r1v_eval(tmp_path, n=3, missing=()):
+    (tmp_path / "images").mkdir()
+    lines = []
+    for i in range(n):
+        name = f"images/superCLEVR_new_{25000 + i:06d}.png"
+        if i not in missing:
+            Image.new("RGB", (64 + 10 * i, 48), (i * 40, 0, 0)).save(tmp_path / name)
+        lines.append({"image_path": f"./{name}", "question": "How many different items are there in the image?",
+                      "ground_truth": i + 3})  # fmt: skip
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_jsonl_r1v_eval_format(tmp_path):
+    ds = jsonl(_write_r1v_eval(tmp_path), template="r1v_eval")
+    assert {"prompt", "image", "solution", "problem", "image_path", "line"} <= set(ds.column_names)
+    assert ds["solution"] == ["3", "4", "5"]
+    row = ds[1]
+    assert isinstance(row["image"], Image.Image) and row["image"].size == (74, 48)
+    assert row["prompt"][0]["content"][0]["type"] == "image"
+    assert _user_text(row["prompt"]) == render_prompt("r1v_eval", "How many different items are there in the image?")
+
+
+def test_jsonl_image_root(tmp_path):
+    path = _write_r1v_eval(tmp_path)
+    moved = tmp_path / "elsewhere.jsonl"
+    moved.write_text(path.read_text())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.jsonl").write_text(path.read_text())
+    with pytest.raises(SuzakError, match="3 image"):
+        jsonl(tmp_path / "sub" / "x.jsonl")
+    assert len(jsonl(tmp_path / "sub" / "x.jsonl", image_root=tmp_path)) == 3
+
+
+def test_jsonl_missing_images_named_and_counted(tmp_path):
+    path = _write_r1v_eval(tmp_path, n=4, missing=(1, 3))
+    with pytest.raises(SuzakError, match=r"2 image\(s\) missing, first .*superCLEVR_new_025001\.png"):
+        jsonl(path)
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [("{not json", r"prompts\.jsonl:2: not valid JSON"), ('{"question": "q"}', r"prompts\.jsonl:2: need a question")],
+)
+def test_jsonl_bad_lines_named(tmp_path, line, message):
+    path = _write_r1v_eval(tmp_path, n=1)
+    path.write_text(path.read_text() + line + "\n")
+    with pytest.raises(SuzakError, match=message):
+        jsonl(path)
+
+
+def test_hub_builder_offline_is_one_clear_line():
+    start = time.monotonic()
+    with pytest.raises(SuzakError) as info:
+        build_dataset("clevr_cogen")
+    assert time.monotonic() - start < 15
+    message = str(info.value)
+    assert "leonardPKU/clevr_cogen_a_train" in message and "\n" not in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_unknown_dataset_lists_builders():
+    with pytest.raises(SuzakError, match="clevr_synthetic"):
+        build_dataset("no_such_dataset")
+
+
+def test_clevr_synthetic_columns_and_determinism(tmp_path):
+    ds = clevr_synthetic(6, seed=5, progress=False, cache_dir=str(tmp_path / "c1"))
+    assert {"prompt", "image", "solution", "problem", "count", "scene", "question_type"} <= set(ds.column_names)
+    for row in ds:
+        assert row["solution"] == f"<answer> {row['count']} </answer>"
+        assert _user_text(row["prompt"]) == render_prompt("r1v", row["problem"])
+        assert row["prompt"][0]["content"][0]["type"] == "image"
+        assert isinstance(row["image"], Image.Image) and row["image"].size == (320, 240)
+    again = clevr_synthetic(3, seed=5, start=3, progress=False, cache_dir=str(tmp_path / "c2"))
+    assert again["scene"] == ds["scene"][3:] and again["problem"] == ds["problem"][3:]
+    assert list(again[0]["image"].getdata()) == list(ds[3]["image"].getdata())
+
+
+@pytest.mark.parametrize("fmt", ["disk", "parquet"])
+def test_saved_dataset_reloads(tmp_path, fmt):
+    ds = clevr_synthetic(4, seed=1, progress=False, cache_dir=str(tmp_path / "cache"))
+    out = save_dataset(ds, tmp_path / "saved", fmt)
+    back = build_dataset(str(out))
+    assert back["solution"] == ds["solution"] and back["problem"] == ds["problem"]
+    assert isinstance(back[0]["image"], Image.Image)
