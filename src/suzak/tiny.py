@@ -205,7 +205,7 @@ def build_model(tokenizer, config: TinyConfig):
             "num_key_value_heads": config.num_key_value_heads,
             "max_position_embeddings": config.max_position_embeddings,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": config.mrope_section},
-            "bos_token_id": ids["<|endoftext|>"],
+            "bos_token_id": None,  # Qwen's tokenizer has no BOS token
             "eos_token_id": ids["<|im_end|>"],
             "pad_token_id": ids["<|endoftext|>"],
             "tie_word_embeddings": True,
@@ -231,7 +231,6 @@ def build_model(tokenizer, config: TinyConfig):
     torch.manual_seed(config.seed)
     model = Qwen2_5_VLForConditionalGeneration(model_config)
     model.generation_config = GenerationConfig(
-        bos_token_id=ids["<|endoftext|>"],
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
         do_sample=False,

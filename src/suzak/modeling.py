@@ -1,0 +1,134 @@
+"""Model and processor loading: Qwen2.5-VL / Qwen2-VL through the Auto classes, text models too.
+
+- ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.tiny`.
+- ``attn_implementation: auto`` picks flash_attention_2 when flash-attn imports and a CUDA GPU is present, else
+  sdpa, and logs which.
+- dtype: bf16 when the run trains in bf16 (GPU), fp16 likewise, otherwise the recipe's ``dtype`` (float32 on CPU).
+- ``trust_remote_code`` stays off: Qwen2-VL and Qwen2.5-VL are native transformers models.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from suzak import SuzakError
+
+__all__ = [
+    "TINY_MODEL",
+    "freeze_vision_tower",
+    "load_model_and_processor",
+    "pick_attn_implementation",
+    "resolve_model_path",
+]
+
+logger = logging.getLogger(__name__)
+
+TINY_MODEL = "tiny"
+
+
+def tiny_model_cache() -> Path:
+    root = os.environ.get("SUZAK_CACHE") or Path.home() / ".cache" / "suzak"
+    return Path(root) / "tiny-qwen2.5-vl"
+
+
+def resolve_model_path(name: str) -> str:
+    """A local path for ``tiny`` (building the tiny model once), otherwise ``name`` unchanged."""
+    if name != TINY_MODEL:
+        return name
+    path = tiny_model_cache()
+    if not (path / "config.json").is_file():
+        from suzak.tiny import build_tiny_model
+
+        logger.info("building the offline tiny Qwen2.5-VL in %s", path)
+        build_tiny_model(path)
+    return str(path)
+
+
+def pick_attn_implementation(requested: str | None) -> str:
+    """``auto``/None → flash_attention_2 when usable (CUDA + flash-attn imports), else sdpa. Others pass through."""
+    if requested not in (None, "auto"):
+        return requested
+    if torch.cuda.is_available():
+        try:
+            import flash_attn  # noqa: F401
+
+            choice = "flash_attention_2"
+        except Exception as error:  # noqa: BLE001 - a broken flash-attn build must fall back, not crash
+            logger.warning("flash-attn unavailable (%s): using sdpa attention", type(error).__name__)
+            choice = "sdpa"
+    else:
+        choice = "sdpa"
+    logger.info("attention implementation: %s", choice)
+    return choice
+
+
+def _dtype(model_args, training_args) -> torch.dtype:
+    if getattr(training_args, "bf16", False):
+        return torch.bfloat16
+    if getattr(training_args, "fp16", False):
+        return torch.float16
+    name = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
+    return getattr(torch, name)
+
+
+def _load_config(path: str, revision: str | None):
+    from transformers import AutoConfig
+
+    from suzak.hub import offline_unless_reachable
+
+    with offline_unless_reachable() as offline:
+        try:
+            return AutoConfig.from_pretrained(path, revision=revision)
+        except (OSError, ValueError) as error:
+            why = "the Hub is unreachable and it is not in the local cache" if offline else str(error).splitlines()[0]
+            raise SuzakError(
+                f"cannot load model {path!r}: {why}. Download it where there is network "
+                f"(`hf download {path} --local-dir /models/NAME`) and set model_name_or_path (or MODEL in .env) to that folder"
+            ) from None
+
+
+def load_model_and_processor(model_args, training_args):
+    """(model, processing_class) for the recipe's ``model_name_or_path``; VLMs get their processor."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from suzak.hub import offline_unless_reachable
+
+    path = resolve_model_path(model_args.model_name_or_path)
+    config = _load_config(path, model_args.model_revision)
+    is_vlm = getattr(config, "vision_config", None) is not None
+    kwargs = {
+        "revision": model_args.model_revision,
+        "dtype": _dtype(model_args, training_args),
+        "attn_implementation": pick_attn_implementation(model_args.attn_implementation),
+        "trust_remote_code": False,
+    }
+    with offline_unless_reachable():
+        if is_vlm:
+            model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+            processing_class = AutoProcessor.from_pretrained(path, revision=model_args.model_revision)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            processing_class = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
+    logger.info("loaded %s (%s, %s)", path, type(model).__name__, kwargs["dtype"])
+    return model, processing_class
+
+
+def vision_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """The vision tower's parameters (Qwen2-VL/Qwen2.5-VL keep it under a ``visual`` module)."""
+    return [(n, p) for n, p in model.named_parameters() if ".visual." in f".{n}"]
+
+
+def freeze_vision_tower(model) -> int:
+    """Stop gradients into the vision tower; returns how many parameters were frozen."""
+    params = vision_parameters(model)
+    if not params:
+        raise SuzakError("freeze_vision_tower is set but the model has no vision tower ('visual' module)")
+    for _, param in params:
+        param.requires_grad_(False)
+    count = sum(p.numel() for _, p in params)
+    logger.info("froze the vision tower: %d parameters", count)
+    return count

@@ -1,0 +1,220 @@
+"""GRPO training entry point.
+
+    python -m suzak.train --config recipes/smoke.yaml [--any_field value ...]
+
+Parsed with TRL's ``TrlParser`` from three dataclasses: suzak's :class:`SuzakArguments` (data, pixel budget,
+rewards), TRL's ``GRPOConfig`` (every GRPO/TrainingArguments field as TRL defines it) and TRL's ``ModelConfig``
+(model, dtype, attention, LoRA). The YAML recipe sets values; CLI flags override it. ``.env`` (python-dotenv) holds
+secrets and machine paths; MODEL, DATASET and OUTPUT_DIR there override the recipe (CLI flags still win).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from suzak import SuzakError
+
+__all__ = ["SuzakArguments", "latest_checkpoint", "main", "parse_args"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SuzakArguments:
+    """suzak's own recipe fields; everything else is TRL's GRPOConfig / ModelConfig."""
+
+    dataset_name: str = field(
+        default="clevr_synthetic",
+        metadata={
+            "help": "Dataset builder (suzak.data.DATASETS), Hub alias, local save_to_disk/parquet folder or .jsonl file."
+        },
+    )
+    dataset_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Options for the builder (YAML mapping, or JSON on the CLI), e.g. {num_rows: 2000, seed: 0}."
+        },
+    )
+    max_train_rows: int | None = field(default=None, metadata={"help": "Keep only the first N rows (after shuffling)."})
+    prompt_template: str = field(
+        default="r1v", metadata={"help": "Prompt template (suzak.prompts.TEMPLATES); also sets the answer format."}
+    )
+    min_pixels: int = field(default=3136, metadata={"help": "Pixel budget lower bound (4 visual tokens)."})
+    max_pixels: int = field(
+        default=401408, metadata={"help": "Pixel budget upper bound; 401408 = 512 visual tokens (R1-V's CLEVR run)."}
+    )
+    rewards: list[str] = field(
+        default_factory=lambda: ["clevr_count", "think_format"],
+        metadata={"help": "Reward names (suzak.rewards.REWARDS) or dotted import paths; weights: reward_weights."},
+    )
+    reward_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Per-reward keyword arguments, e.g. {gsm8k_format: {style: hash}}."}
+    )
+    freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
+    preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
+
+    def __post_init__(self):
+        for name in ("dataset_kwargs", "reward_kwargs"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as error:
+                    raise SuzakError(f"--{name} must be a JSON object: {error.msg}") from None
+        if self.min_pixels > self.max_pixels:
+            raise SuzakError(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+
+
+# --- arguments ---------------------------------------------------------------------------------------------------
+
+
+def _env_overrides() -> list[str]:
+    """CLI flags for MODEL / DATASET / OUTPUT_DIR from the environment (.env); placed before the user's flags."""
+    mapping = {"MODEL": "--model_name_or_path", "DATASET": "--dataset_name", "OUTPUT_DIR": "--output_dir"}
+    flags = []
+    for env, flag in mapping.items():
+        if os.environ.get(env):
+            flags += [flag, os.environ[env]]
+    return flags
+
+
+def _cpu_overrides() -> list[str]:
+    """fp32 on CPU: recipes default to bf16 for H100s, which TrainingArguments refuses without a GPU."""
+    import torch
+
+    return [] if torch.cuda.is_available() else ["--bf16", "false"]
+
+
+def parse_args(argv: list[str] | None = None):
+    """(SuzakArguments, GRPOConfig, ModelConfig) from YAML + environment + CLI, in increasing priority."""
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = TrlParser((SuzakArguments, GRPOConfig, ModelConfig))
+    suzak_args, grpo_args, model_args = parser.parse_args_and_config(_cpu_overrides() + _env_overrides() + argv)
+    if model_args.model_name_or_path is None:
+        raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
+    return suzak_args, grpo_args, model_args
+
+
+# --- run setup ---------------------------------------------------------------------------------------------------
+
+
+def setup_reporting(grpo_args) -> None:
+    """W&B without an API key runs offline (said once) instead of prompting or crashing."""
+    if "wandb" not in (grpo_args.report_to or []):
+        return
+    logged_in = os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").is_file()
+    if not logged_in and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
+        os.environ["WANDB_MODE"] = "offline"
+        logger.warning("no WANDB_API_KEY: W&B runs offline (sync later with `wandb sync wandb/offline-run-*`)")
+    os.environ.setdefault("WANDB_PROJECT", "suzak")
+
+
+def _is_complete(checkpoint: Path) -> bool:
+    """A checkpoint folder with its trainer state and model weights (full, sharded, adapter or DeepSpeed)."""
+    if not (checkpoint / "trainer_state.json").is_file():
+        return False
+    weights = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+    return any((checkpoint / w).is_file() for w in weights) or any(checkpoint.glob("global_step*"))
+
+
+def latest_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest complete ``checkpoint-N`` in ``output_dir``; half-written ones are skipped (and logged)."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    for folder in sorted(folders, key=lambda p: int(p.name.split("-")[-1]), reverse=True):
+        if _is_complete(folder):
+            return str(folder)
+        logger.warning("skipping incomplete checkpoint %s", folder)
+    return None
+
+
+def _resolve_resume(grpo_args) -> str | bool | None:
+    value = grpo_args.resume_from_checkpoint
+    if value not in ("latest", "last"):
+        return value
+    found = latest_checkpoint(grpo_args.output_dir)
+    if found is None:
+        logger.warning(
+            "resume_from_checkpoint=latest: no complete checkpoint in %s, starting fresh", grpo_args.output_dir
+        )
+    else:
+        logger.info("resuming from %s", found)
+    return found
+
+
+def build_train_dataset(suzak_args, seed: int):
+    from suzak.data import build_dataset
+
+    options = dict(suzak_args.dataset_kwargs or {})
+    options.setdefault("template", suzak_args.prompt_template)
+    dataset = build_dataset(suzak_args.dataset_name, **options)
+    if suzak_args.max_train_rows is not None:
+        dataset = dataset.shuffle(seed=seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
+    return dataset
+
+
+def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **trainer_kwargs):
+    """The configured :class:`VLMGRPOTrainer` (model, processor, rewards, data, budget, LoRA)."""
+    from trl import get_peft_config
+
+    from suzak.modeling import freeze_vision_tower, load_model_and_processor
+    from suzak.prompts import get_template
+    from suzak.rewards import resolve_rewards
+    from suzak.trainer import VLMGRPOTrainer
+    from suzak.vision import PixelBudget
+
+    template = get_template(suzak_args.prompt_template)
+    reward_funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+    if train_dataset is None:
+        train_dataset = build_train_dataset(suzak_args, grpo_args.seed)
+    model, processing_class = load_model_and_processor(model_args, grpo_args)
+    if suzak_args.freeze_vision_tower:
+        freeze_vision_tower(model)
+    return VLMGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=grpo_args,
+        train_dataset=train_dataset,
+        processing_class=processing_class,
+        peft_config=get_peft_config(model_args),
+        pixel_budget=PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels),
+        answer_format=template.answer_format if suzak_args.preflight_rows > 0 else None,
+        preflight_rows=suzak_args.preflight_rows,
+        **trainer_kwargs,
+    )
+
+
+def run(argv: list[str] | None = None) -> str:
+    """Parse, train, save; returns the output dir."""
+    from dotenv import load_dotenv
+
+    load_dotenv(os.environ.get("SUZAK_ENV_FILE", ".env"), override=False)
+    suzak_args, grpo_args, model_args = parse_args(argv)
+    setup_reporting(grpo_args)
+    trainer = build_trainer(suzak_args, grpo_args, model_args)
+    trainer.train(resume_from_checkpoint=_resolve_resume(grpo_args))
+    trainer.save_model(grpo_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.processing_class.save_pretrained(grpo_args.output_dir)
+        logger.info("model and processor saved to %s", grpo_args.output_dir)
+    return grpo_args.output_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        output_dir = run(argv)
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    if int(os.environ.get("RANK", "0")) == 0:
+        logger.info("done: checkpoints, trainer_state.json and logs in %s", output_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""``VLMGRPOTrainer``: TRL's ``GRPOTrainer`` with the pixel budget, the reward pre-flight and the pre-check report.
+
+It overrides two small hooks and calls ``super()`` in both; no TRL method is copied:
+
+- ``_generate_and_score_completions(inputs)``: the single entry point before TRL's two processor calls, vLLM
+  generation and the reward kwargs. Every image of the batch (``image``, ``images`` and images inline in the
+  messages) is fitted once to the budget here, so all of those see the same pixels and token counts.
+- ``train()``: runs the reward pre-flight and the visual-token pre-check before step 1.
+
+The processor is configured with the same bounds, so it never resizes a fitted image again, and pads on the left.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PIL import Image
+from trl import GRPOTrainer
+
+from suzak.rewards import preflight
+from suzak.vision import PixelBudget, configure_processor, precheck
+
+__all__ = ["VLMGRPOTrainer", "fit_row_images"]
+
+logger = logging.getLogger(__name__)
+
+
+def _fit_message_images(messages: Any, budget: PixelBudget) -> Any:
+    """Messages with every inline ``{"type": "image", "image": <PIL>}`` part fitted; other parts untouched."""
+    if not isinstance(messages, list):
+        return messages
+    fitted = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = [
+                {**part, "image": budget.fit(part["image"])}
+                if isinstance(part, dict) and isinstance(part.get("image"), Image.Image)
+                else part
+                for part in content
+            ]
+            message = {**message, "content": content}
+        fitted.append(message)
+    return fitted
+
+
+def fit_row_images(row: dict, budget: PixelBudget) -> dict:
+    """A copy of a batch row with its ``image``, ``images`` and inline message images fitted to ``budget``."""
+    row = dict(row)
+    if isinstance(row.get("image"), Image.Image):
+        row["image"] = budget.fit(row["image"])
+    if isinstance(row.get("images"), list):
+        row["images"] = [budget.fit(img) if isinstance(img, Image.Image) else img for img in row["images"]]
+    if "prompt" in row:
+        row["prompt"] = _fit_message_images(row["prompt"], budget)
+    return row
+
+
+def _pad_left(processing_class: Any) -> None:
+    """Left padding, as TRL sets only when it loads the processor itself.
+
+    TRL left-pads prompt ids but takes ``mm_token_type_ids`` from the processor's own padding; with a right-padding
+    processor the two disagree as soon as prompts differ in length (mixed image sizes), and Qwen2.5-VL's M-RoPE
+    index fails with a shape mismatch (the R1-V #137 crash class).
+    """
+    for obj in (processing_class, getattr(processing_class, "tokenizer", None)):
+        if obj is not None and hasattr(obj, "padding_side"):
+            obj.padding_side = "left"
+            obj.truncation_side = "left"
+
+
+class VLMGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer for Qwen2-VL/Qwen2.5-VL (and text models) with one pixel budget for every image path.
+
+    Extra arguments (all keyword-only):
+        pixel_budget: min/max pixels applied to every image; defaults to R1-V's CLEVR budget (3136..401408).
+        answer_format: the answer format the prompts ask for (``suzak.prompts.ANSWER_FORMATS``); enables the
+            reward pre-flight. ``None`` skips it.
+        preflight_rows: rows the pre-flight checks.
+        precheck_rows: rows the visual-token pre-check reads (``None``: all of them).
+    """
+
+    def __init__(
+        self,
+        *args,
+        pixel_budget: PixelBudget | None = None,
+        answer_format: str | None = None,
+        preflight_rows: int = 8,
+        precheck_rows: int | None = 256,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.pixel_budget = pixel_budget or PixelBudget()
+        self.answer_format = answer_format
+        self.preflight_rows = preflight_rows
+        self.precheck_rows = precheck_rows
+        self.precheck_report: dict | None = None
+        configure_processor(self.processing_class, self.pixel_budget)
+        _pad_left(self.processing_class)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        return super()._generate_and_score_completions([fit_row_images(row, self.pixel_budget) for row in inputs])
+
+    def train(self, *args, **kwargs):
+        self.run_pre_checks()
+        return super().train(*args, **kwargs)
+
+    def run_pre_checks(self) -> None:
+        """Reward pre-flight (stops the run on a reward/format mismatch) and the visual-token report."""
+        dataset = self.train_dataset
+        if self.answer_format is not None:
+            weights = self.args.reward_weights
+            preflight(
+                dataset, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows, reward_weights=weights
+            )
+        if "image" in dataset.column_names or "images" in dataset.column_names:
+            model_config = getattr(self.model, "config", None)
+            text_config = getattr(model_config, "text_config", model_config)
+            context = getattr(text_config, "max_position_embeddings", None)
+            self.precheck_report = precheck(
+                dataset,
+                self.processing_class,
+                self.pixel_budget,
+                max_completion_length=self.args.max_completion_length,
+                context_length=context,
+                num_rows=self.precheck_rows,
+            )

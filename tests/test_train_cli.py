@@ -1,0 +1,156 @@
+"""The training entry point and launch script as a user runs them: recipes, overrides, .env, resume, launchers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suzak import SuzakError
+from suzak.train import latest_checkpoint, parse_args, setup_reporting
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "recipes" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def run_env(tmp_path_factory):
+    """Environment for subprocess runs: the tiny model cached per test session, no .env from the repo."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "DATASET", "OUTPUT_DIR")}
+    env["SUZAK_CACHE"] = str(tmp_path_factory.mktemp("suzak-cache"))
+    env["SUZAK_ENV_FILE"] = str(tmp_path_factory.mktemp("env") / "absent.env")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _run(cmd: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _global_step(output_dir: Path) -> int:
+    states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return json.loads(states[-1].read_text())["global_step"]
+
+
+# --- parsing -----------------------------------------------------------------------------------------------------
+
+
+def test_recipe_then_cli_overrides():
+    suzak_args, grpo, model = parse_args(["--config", SMOKE, "--max_steps", "7", "--max_pixels", "100352"])
+    assert grpo.max_steps == 7 and suzak_args.max_pixels == 100352
+    assert model.model_name_or_path == "tiny" and suzak_args.rewards == ["clevr_count", "think_format"]
+    assert suzak_args.dataset_kwargs["num_rows"] == 64
+
+
+def test_json_dataset_kwargs_on_the_cli():
+    suzak_args, _, _ = parse_args(["--config", SMOKE, "--dataset_kwargs", '{"num_rows": 5}'])
+    assert suzak_args.dataset_kwargs == {"num_rows": 5}
+    with pytest.raises(SuzakError, match="JSON object"):
+        parse_args(["--config", SMOKE, "--dataset_kwargs", "{num_rows"])
+
+
+def test_env_overrides_recipe_and_cli_overrides_env(monkeypatch):
+    monkeypatch.setenv("MODEL", "/models/from-env")
+    monkeypatch.setenv("OUTPUT_DIR", "/runs/from-env")
+    _, grpo, model = parse_args(["--config", SMOKE])
+    assert model.model_name_or_path == "/models/from-env" and grpo.output_dir == "/runs/from-env"
+    _, _, model = parse_args(["--config", SMOKE, "--model_name_or_path", "/models/cli"])
+    assert model.model_name_or_path == "/models/cli"
+
+
+@pytest.mark.parametrize("recipe", ["clevr_qwen2.5vl_7b.yaml", "clevr_qwen2.5vl_3b.yaml"])
+def test_h100_recipes_parse(recipe):
+    suzak_args, grpo, model = parse_args(["--config", str(ROOT / "recipes" / recipe)])
+    assert model.model_name_or_path.startswith("Qwen/Qwen2.5-VL-")
+    assert suzak_args.max_pixels == 401408 and suzak_args.prompt_template == "r1v"
+    assert suzak_args.rewards == ["clevr_count", "think_format"]
+    assert (grpo.num_generations, grpo.learning_rate, grpo.beta) == (8, 1e-6, 0.04)
+
+
+@pytest.mark.parametrize("name", ["zero2.json", "zero2_offload.json", "zero3.json"])
+def test_deepspeed_configs_use_auto_fields(name):
+    config = json.loads((ROOT / "ds_configs" / name).read_text())
+    assert config["train_micro_batch_size_per_gpu"] == "auto" and config["gradient_accumulation_steps"] == "auto"
+    assert config["zero_optimization"]["stage"] in (2, 3)
+
+
+def test_wandb_without_key_goes_offline(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _, grpo, _ = parse_args(["--config", SMOKE, "--report_to", "wandb"])
+    setup_reporting(grpo)
+    assert os.environ["WANDB_MODE"] == "offline" and "W&B runs offline" in caplog.text
+
+
+def test_missing_model_is_one_clear_line(tmp_path):
+    from trl import ModelConfig
+
+    from suzak.modeling import load_model_and_processor
+
+    with pytest.raises(SuzakError, match="cannot load model 'Qwen/Qwen2.5-VL-7B-Instruct'.*local"):
+        load_model_and_processor(ModelConfig(model_name_or_path="Qwen/Qwen2.5-VL-7B-Instruct"), None)
+
+
+def test_latest_checkpoint_skips_incomplete(tmp_path):
+    for step, complete in [(10, True), (20, True), (30, False)]:
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:
+            (folder / "trainer_state.json").write_text("{}")
+            (folder / "model.safetensors").write_bytes(b"x")
+        else:
+            (folder / "trainer_state.json").write_text("{}")  # weights never written
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-20")
+    assert latest_checkpoint(tmp_path / "nothing-here") is None
+
+
+# --- end to end --------------------------------------------------------------------------------------------------
+
+
+def test_smoke_preset_through_launch_script(tmp_path, run_env):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    out = tmp_path / "smoke"
+    result = _run(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--max_steps", "2",
+                   "--output_dir", str(out)], run_env)  # fmt: skip
+    assert f"output {out}" in result.stdout and "checkpoints:" in result.stdout
+    assert "reward pre-flight passed" in result.stderr
+    assert _global_step(out) == 2
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    processor = AutoProcessor.from_pretrained(out)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert processor.image_processor.size["longest_edge"] == 50176  # the recipe's budget travels with the model
+
+
+@pytest.mark.slow
+def test_resume_from_latest_checkpoint(tmp_path, run_env):
+    out = tmp_path / "resume"
+    base = [sys.executable, "-m", "suzak.train", "--config", SMOKE, "--output_dir", str(out), "--save_steps", "1"]
+    _run(base + ["--max_steps", "2"], run_env)
+    result = _run(base + ["--max_steps", "3", "--resume_from_checkpoint", "latest"], run_env)
+    assert f"resuming from {out / 'checkpoint-2'}" in result.stderr
+    assert _global_step(out) == 3
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_gloo(tmp_path, run_env):
+    out = tmp_path / "ddp"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "suzak.train", "--config",
+          SMOKE, "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(out)], run_env)  # fmt: skip
+    assert _global_step(out) == 2
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
+    out = tmp_path / "zero2"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "suzak.train", "--config",
+          SMOKE, "--max_steps", "2", "--deepspeed", "ds_configs/zero2.json", "--output_dir", str(out)], run_env)  # fmt: skip
+    assert _global_step(out) == 2
+    assert any((out / "checkpoint-2").glob("global_step*"))

@@ -1,0 +1,205 @@
+"""VLMGRPOTrainer on the tiny model: a few real GRPO steps through TRL with images, mixed sizes, LoRA, beta > 0."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+from PIL import Image
+from trl import GRPOConfig, ModelConfig
+
+from suzak.modeling import load_model_and_processor, vision_parameters
+from suzak.parsing import completion_text
+from suzak.prompts import build_conversation, render_prompt
+from suzak.trainer import VLMGRPOTrainer, fit_row_images
+from suzak.vision import PixelBudget
+
+BUDGET = PixelBudget(3136, 50176)
+SIZES = [(320, 240), (100, 700), (640, 200), (50, 50), (200, 90), (90, 300), (400, 400), (150, 60)]  # (w, h)
+
+
+def _image(key: int, size) -> Image.Image:
+    return Image.new("RGB", size, (10 * key, 255 - 10 * key, 7))
+
+
+def image_dataset(n: int = 8, images_per_row: int = 1) -> Dataset:
+    """Rows whose prompt, solution and image colour all encode the row's key, so misalignment is detectable."""
+    rows = []
+    for key in range(n):
+        problem = f"How many items are there in scene {key}?"
+        images = [_image(key, SIZES[(key + j) % len(SIZES)]) for j in range(images_per_row)]
+        row = {
+            "prompt": build_conversation(render_prompt("r1v", problem), images_per_row),
+            "solution": f"<answer> {key} </answer>",
+        }
+        row |= {"image": images[0]} if images_per_row == 1 else {"images": images}
+        rows.append(row)
+    return Dataset.from_list(rows)
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    """Varies across a group, so advantages (and gradients) are non-zero."""
+    return [float(len(completion_text(c))) for c in completions]
+
+
+class AlignmentCheck:
+    """A reward that asserts each prompt arrives with its own gold solution and its own (fitted) image."""
+
+    __name__ = "alignment_check"
+
+    def __init__(self):
+        self.rows_checked = 0
+
+    def __call__(self, prompts, completions, solution, **kwargs):
+        images = kwargs.get("images") or [[img] for img in kwargs.get("image", [None] * len(prompts))]
+        for prompt, gold, row_images in zip(prompts, solution, images, strict=True):
+            key = int(re.search(r"\d+", gold).group())
+            text = next(p["text"] for p in prompt[0]["content"] if p["type"] == "text")
+            assert f"scene {key}?" in text, (text, gold)
+            for img in row_images or []:
+                assert img.getpixel((0, 0))[0] == 10 * key
+                assert BUDGET.fit(img) is img or BUDGET.size(img.height, img.width) == (img.height, img.width)
+            self.rows_checked += 1
+        return [0.0] * len(completions)
+
+
+class TokenCountingTrainer(VLMGRPOTrainer):
+    """Records, per prompt, the image tokens TRL fed the model and the budget's prediction from the raw images."""
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        pad = self.model.config.image_token_id
+        counts = (out["prompt_ids"] == pad).sum(dim=1).tolist()
+        expected = []
+        for row in inputs:
+            images = row.get("images") or ([row["image"]] if row.get("image") is not None else [])
+            expected.append(sum(BUDGET.tokens(img.height, img.width) for img in images))
+        self.token_checks = getattr(self, "token_checks", []) + [(counts, expected)]
+        return out
+
+
+def make_args(tmp_path, **overrides) -> GRPOConfig:
+    values = {
+        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "num_generations": 2,
+        "max_completion_length": 8, "max_steps": 2, "learning_rate": 1e-2, "bf16": False, "use_cpu": True,
+        "gradient_checkpointing": False, "report_to": "none", "logging_steps": 1, "save_strategy": "no", "seed": 0,
+        "beta": 0.0,
+    }  # fmt: skip
+    return GRPOConfig(**(values | overrides))
+
+
+def make_trainer(tiny_model_dir, tmp_path, dataset, rewards, cls=VLMGRPOTrainer, model_overrides=None, **args):
+    model_args = ModelConfig(model_name_or_path=str(tiny_model_dir), **(model_overrides or {}))
+    grpo_args = make_args(tmp_path, **args)
+    model, processor = load_model_and_processor(model_args, grpo_args)
+    peft_config = None
+    if model_args.use_peft:
+        from trl import get_peft_config
+
+        peft_config = get_peft_config(model_args)
+    return cls(
+        model=model, reward_funcs=rewards, args=grpo_args, train_dataset=dataset, processing_class=processor,
+        pixel_budget=BUDGET, peft_config=peft_config,
+    )  # fmt: skip
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def changed(before, model) -> dict[str, bool]:
+    return {n: not torch.equal(before[n], p.detach()) for n, p in model.named_parameters()}
+
+
+def test_fit_row_images_covers_every_image_path():
+    big = Image.new("RGBA", (1000, 800))
+    row = {"image": big, "images": [big, "not-an-image"], "prompt": [{"role": "user", "content": [{"type": "image", "image": big}, {"type": "text", "text": "q"}]}]}  # fmt: skip
+    fitted = fit_row_images(row, BUDGET)
+    expected = BUDGET.size(800, 1000)
+    assert (fitted["image"].height, fitted["image"].width) == expected and fitted["image"].mode == "RGB"
+    assert (fitted["images"][0].height, fitted["images"][0].width) == expected and fitted["images"][1] == "not-an-image"
+    part = fitted["prompt"][0]["content"][0]["image"]
+    assert (part.height, part.width) == expected
+    assert row["image"] is big  # the dataset row itself is not modified
+
+
+def test_grpo_steps_with_images_train_every_parameter(tiny_model_dir, tmp_path):
+    check = AlignmentCheck()
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward, check], cls=TokenCountingTrainer)
+    before = snapshot(trainer.model)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2
+    assert check.rows_checked >= 8
+    unchanged = [n for n, c in changed(before, trainer.model).items() if not c]
+    assert unchanged == [], f"parameters that did not train: {unchanged}"
+    assert vision_parameters(trainer.model), "the vision tower is among the trained parameters"
+    for counts, expected in trainer.token_checks:  # every row of the dataset has its own size
+        assert counts == expected and len(set(expected)) > 1
+
+
+def test_frozen_vision_tower_stays_unchanged(tiny_model_dir, tmp_path):
+    from suzak.modeling import freeze_vision_tower
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward])
+    freeze_vision_tower(trainer.model)
+    before = snapshot(trainer.model)
+    trainer.train()
+    flags = changed(before, trainer.model)
+    vision = {n for n, _ in vision_parameters(trainer.model)}
+    assert vision and not any(flags[n] for n in vision)
+    assert all(flags[n] for n in flags if n not in vision)
+
+
+def test_multi_image_prompts(tiny_model_dir, tmp_path):
+    check = AlignmentCheck()
+    dataset = image_dataset(images_per_row=2)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, dataset, [length_reward, check], cls=TokenCountingTrainer, max_steps=1
+    )
+    trainer.train()
+    assert check.rows_checked >= 2
+    for counts, expected in trainer.token_checks:
+        assert counts == expected
+
+
+def test_text_only_prompts(tiny_model_dir, tmp_path, gsm8k_jsonl):
+    from suzak.data import gsm8k
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, gsm8k(path=str(gsm8k_jsonl)), [length_reward], max_steps=1)
+    trainer.train()
+    assert any("loss" in log for log in trainer.state.log_history)
+
+
+def test_lora_leaves_base_weights_unchanged(tiny_model_dir, tmp_path):
+    lora = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"]}
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward], model_overrides=lora)
+    before = snapshot(trainer.model)
+    trainer.train()
+    flags = changed(before, trainer.model)
+    lora_b = [n for n in flags if "lora_B" in n]
+    assert lora_b and all(flags[n] for n in lora_b)
+    assert not any(flags[n] for n in flags if "lora_" not in n)
+
+
+def test_beta_positive_uses_reference_model(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward], beta=0.04, max_steps=2)
+    trainer.train()
+    kl = [log["kl"] for log in trainer.state.log_history if "kl" in log]
+    assert len(kl) == 2 and kl[0] == pytest.approx(0.0, abs=1e-6) and kl[1] > 0
+
+
+def test_train_runs_preflight_first(tiny_model_dir, tmp_path):
+    from suzak import SuzakError
+    from suzak.rewards import REWARDS
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [REWARDS["clevr_count"]])
+    trainer.answer_format = "gsm8k_hash"  # deliberately not what clevr_count parses
+    with pytest.raises(SuzakError, match="clevr_count"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    trainer.answer_format = "think_answer"
+    trainer.run_pre_checks()
+    assert trainer.precheck_report["visual_tokens"]["max"] == max(BUDGET.tokens(h, w) for w, h in SIZES)
