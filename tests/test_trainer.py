@@ -203,3 +203,23 @@ def test_train_runs_preflight_first(tiny_model_dir, tmp_path):
     trainer.answer_format = "think_answer"
     trainer.run_pre_checks()
     assert trainer.precheck_report["visual_tokens"]["max"] == max(BUDGET.tokens(h, w) for w, h in SIZES)
+
+
+@pytest.mark.parametrize(
+    "bf16,deepspeed,use_peft,expected",
+    [
+        (False, None, False, torch.float32),
+        (True, "ds_configs/zero2.json", False, torch.bfloat16),
+        (True, None, True, torch.bfloat16),
+        (True, None, False, torch.float32),  # pure-bf16 AdamW would round lr-1e-6 updates away
+    ],
+)
+def test_weights_dtype_keeps_fp32_master_weights(bf16, deepspeed, use_peft, expected):
+    from types import SimpleNamespace
+
+    from suzak.modeling import _dtype
+
+    args = SimpleNamespace(bf16=bf16, fp16=False, deepspeed=deepspeed, learning_rate=1e-6)
+    assert _dtype(ModelConfig(model_name_or_path="x", use_peft=use_peft), args) == expected
+    w = torch.tensor([0.02], dtype=torch.bfloat16)
+    assert torch.equal(w + 1e-6, w)  # the reason: a bf16 weight cannot take a 1e-6 step

@@ -2,6 +2,7 @@
 # GRPO on CLEVR counting with Qwen2.5-VL.
 #
 #   bash src/scripts/run_grpo_clevr.sh                                   # 7B recipe, every visible GPU, ZeRO-2
+#                                                                        # (one GPU: ZeRO-2 with optimizer offload)
 #   bash src/scripts/run_grpo_clevr.sh --recipe recipes/clevr_qwen2.5vl_3b.yaml
 #   bash src/scripts/run_grpo_clevr.sh --preset smoke                    # offline CPU smoke run (tiny model)
 #   bash src/scripts/run_grpo_clevr.sh --max_steps 2 --output_dir D      # any further flag overrides the recipe
@@ -21,6 +22,9 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
+if [ "$deepspeed" = ds_configs/zero2.json ] && [ "$NPROC" -eq 1 ] && [ "${NNODES:-1}" -eq 1 ]; then
+  deepspeed=ds_configs/zero2_offload.json  # one GPU: ZeRO-2 alone runs out of memory even for 3B (docs/benchmarks.md)
+fi
 [ -n "$deepspeed" ] && args=(--deepspeed "$deepspeed" "${args[@]}")
 out=$(output_dir_of "$recipe" "${args[@]}")
 

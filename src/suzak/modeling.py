@@ -3,7 +3,8 @@
 - ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.tiny`.
 - ``attn_implementation: auto`` picks flash_attention_2 when flash-attn imports and a CUDA GPU is present, else
   sdpa, and logs which.
-- dtype: bf16 when the run trains in bf16 (GPU), fp16 likewise, otherwise the recipe's ``dtype`` (float32 on CPU).
+- dtype: bf16 weights when the run trains in bf16 under DeepSpeed or LoRA (fp32 master weights exist there);
+  fp32 weights + bf16 autocast for plain full fine-tuning (pure-bf16 AdamW loses lr-1e-6 updates); float32 on CPU.
 - ``trust_remote_code`` stays off: Qwen2-VL and Qwen2.5-VL are native transformers models.
 """
 
@@ -67,12 +68,25 @@ def pick_attn_implementation(requested: str | None) -> str:
 
 
 def _dtype(model_args, training_args) -> torch.dtype:
-    if getattr(training_args, "bf16", False):
-        return torch.bfloat16
-    if getattr(training_args, "fp16", False):
-        return torch.float16
-    name = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
-    return getattr(torch, name)
+    """Weights dtype. Half precision only where something keeps fp32 master weights.
+
+    A bf16 weight near 0.02 moves in steps of ~1e-4, so pure-bf16 AdamW at GRPO's lr 1e-6 rounds every update
+    away and trains nothing, silently. DeepSpeed's bf16 mode keeps fp32 master weights and LoRA trains fp32
+    adapters, so those load in half precision; plain full fine-tuning loads fp32 and computes in bf16 autocast.
+    """
+    half = torch.bfloat16 if getattr(training_args, "bf16", False) else None
+    half = torch.float16 if half is None and getattr(training_args, "fp16", False) else half
+    if half is None:
+        name = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
+        return getattr(torch, name)
+    if getattr(training_args, "deepspeed", None) or getattr(model_args, "use_peft", False):
+        return half
+    logger.warning(
+        "full fine-tuning without DeepSpeed: fp32 master weights with %s autocast (pure %s AdamW would round "
+        "updates at lr %.0e away); use a DeepSpeed config to keep half-precision weights on the GPU",
+        half, half, getattr(training_args, "learning_rate", 0.0),
+    )  # fmt: skip
+    return torch.float32
 
 
 def _load_config(path: str, revision: str | None):
