@@ -71,6 +71,7 @@ class TinyConfig:
     min_pixels: int = 3136  # 4 visual tokens
     max_pixels: int = 401408  # 512 visual tokens, R1-V's CLEVR budget
     seed: int = 0
+    architecture: str = "qwen2_5_vl"  # or "qwen2_vl": the real Qwen2VLForConditionalGeneration
     extra_corpus: list[str] = field(default_factory=list)  # more text the BPE should learn whole words from
 
 
@@ -170,15 +171,16 @@ def _merges_of(bpe_model) -> list[tuple[str, str]]:
 
 
 def build_processor(tokenizer, config: TinyConfig):
-    """The real Qwen2.5-VL processor around ``tokenizer``, with the budget's min/max pixels."""
-    from transformers import Qwen2_5_VLProcessor
+    """The real Qwen2.5-VL (or Qwen2-VL) processor around ``tokenizer``, with the budget's min/max pixels."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     size = {"shortest_edge": config.min_pixels, "longest_edge": config.max_pixels}
     image_processor = Qwen2VLImageProcessor(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
     video_processor = Qwen2VLVideoProcessor(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
-    return Qwen2_5_VLProcessor(
+    processor_class = Qwen2VLProcessor if config.architecture == "qwen2_vl" else Qwen2_5_VLProcessor
+    return processor_class(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,
@@ -187,41 +189,51 @@ def build_processor(tokenizer, config: TinyConfig):
 
 
 def build_model(tokenizer, config: TinyConfig):
-    """A randomly initialised ``Qwen2_5_VLForConditionalGeneration`` sized by ``config`` (seeded)."""
+    """A randomly initialised Qwen2.5-VL (or Qwen2-VL) conditional-generation model sized by ``config`` (seeded)."""
     import torch
-    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = config.hidden_size // config.num_attention_heads
     if sum(config.mrope_section) * 2 != head_dim:
         raise ValueError(f"mrope_section {config.mrope_section} must sum to head_dim/2 = {head_dim // 2}")
-    model_config = Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": config.hidden_size,
-            "intermediate_size": config.intermediate_size,
-            "num_hidden_layers": config.num_hidden_layers,
-            "num_attention_heads": config.num_attention_heads,
-            "num_key_value_heads": config.num_key_value_heads,
-            "max_position_embeddings": config.max_position_embeddings,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": config.mrope_section},
-            "bos_token_id": None,  # Qwen's tokenizer has no BOS token
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
-            "tie_word_embeddings": True,
-        },
-        vision_config={
-            "depth": config.vision_depth,
-            "hidden_size": config.vision_hidden_size,
-            "intermediate_size": config.vision_intermediate_size,
-            "num_heads": config.vision_num_heads,
-            "out_hidden_size": config.hidden_size,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "window_size": 112,
-            "fullatt_block_indexes": [config.vision_depth - 1],
-        },
+    text_config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": config.mrope_section},
+        "bos_token_id": None,  # Qwen's tokenizer has no BOS token
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "tie_word_embeddings": True,
+    }
+    vision_common = {"depth": config.vision_depth, "num_heads": config.vision_num_heads, "patch_size": 14,
+                     "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+    if config.architecture == "qwen2_5_vl":
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision_config = vision_common | {
+            "hidden_size": config.vision_hidden_size, "intermediate_size": config.vision_intermediate_size,
+            "out_hidden_size": config.hidden_size, "window_size": 112, "fullatt_block_indexes": [config.vision_depth - 1],
+        }  # fmt: skip
+    elif config.architecture == "qwen2_vl":
+        config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        vision_config = vision_common | {"embed_dim": config.vision_hidden_size, "hidden_size": config.hidden_size,
+                                         "mlp_ratio": config.vision_intermediate_size // config.vision_hidden_size}  # fmt: skip
+    else:
+        raise ValueError(f"unknown architecture {config.architecture!r}: use 'qwen2_5_vl' or 'qwen2_vl'")
+    model_config = config_class(
+        text_config=text_config,
+        vision_config=vision_config,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -229,7 +241,7 @@ def build_model(tokenizer, config: TinyConfig):
         tie_word_embeddings=True,
     )
     torch.manual_seed(config.seed)
-    model = Qwen2_5_VLForConditionalGeneration(model_config)
+    model = model_class(model_config)
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
@@ -263,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden_size", type=int, default=TinyConfig.hidden_size)
     parser.add_argument("--num_hidden_layers", type=int, default=TinyConfig.num_hidden_layers)
     parser.add_argument("--vocab_size", type=int, default=TinyConfig.vocab_size, help="BPE vocabulary size")
+    parser.add_argument("--architecture", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen2_vl"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = TinyConfig(
