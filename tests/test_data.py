@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -133,3 +135,30 @@ def test_saved_dataset_reloads(tmp_path, fmt):
     back = build_dataset(str(out))
     assert back["solution"] == ds["solution"] and back["problem"] == ds["problem"]
     assert isinstance(back[0]["image"], Image.Image)
+
+
+def test_gsm8k_synthetic_rows_are_valid_gsm8k(tmp_path):
+    import re
+
+    from suzak.data import gsm8k_synthetic
+
+    ds = gsm8k_synthetic(60, seed=3)
+    assert {"prompt", "solution", "question", "answer"} <= set(ds.column_names)
+    assert ds["question"] == gsm8k_synthetic(60, seed=3)["question"]  # deterministic
+    assert len(set(ds["question"])) == 60
+    for row in ds:
+        calcs = re.findall(r"<<([^=<>]+)=(-?\d+)>>", row["answer"])
+        assert calcs, row["answer"]
+        for expression, value in calcs:  # every calculator annotation is right
+            assert eval(expression) == int(value)  # noqa: S307 - digits and + - * only
+        assert row["solution"] == calcs[-1][1]
+        assert row["answer"].splitlines()[-1] == f"#### {int(row['solution']):,}"
+    out = tmp_path / "wp.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "suzak.data", "gsm8k_synthetic", "--num_rows", "3", "--output", str(out), "--format", "jsonl"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "wrote 3 rows" in result.stdout
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [sorted(line) for line in lines] == [["answer", "question"]] * 3
+    assert build_dataset(str(out))["solution"] == gsm8k_synthetic(3)["solution"]

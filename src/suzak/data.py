@@ -11,6 +11,7 @@ The question text always goes through :mod:`suzak.prompts`, so training, SFT and
 
     python -m suzak.data clevr_synthetic --num_rows 5000 --seed 0 --output data/clevr5k          # save_to_disk
     python -m suzak.data clevr_synthetic --num_rows 5000 --output data/clevr5k --format parquet  # Hub layout
+    python -m suzak.data gsm8k_synthetic --num_rows 500 --output data/wordproblems.jsonl --format jsonl
 """
 
 from __future__ import annotations
@@ -188,6 +189,16 @@ def gsm8k(split: str = "train", *, path: str | None = None, template: str = "gsm
     return _gsm8k_columns(dataset, template, GSM8K_REPO)
 
 
+def gsm8k_synthetic(num_rows: int = 256, *, seed: int = 0, start: int = 0, template: str = "gsm8k", **_unused):
+    """Made-up word problems in GSM8K's row format (:mod:`suzak.wordproblems`), offline; same columns as ``gsm8k``."""
+    import datasets
+
+    from suzak.wordproblems import word_problems
+
+    rows = list(word_problems(num_rows, seed=seed, start=start))
+    return _gsm8k_columns(datasets.Dataset.from_list(rows), template, "gsm8k_synthetic")
+
+
 # --- local files -------------------------------------------------------------------------------------------------
 
 
@@ -275,6 +286,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "clevr_cogen": clevr_cogen,
     "geoqa_r1v": geoqa_r1v,
     "gsm8k": gsm8k,
+    "gsm8k_synthetic": gsm8k_synthetic,
     "jsonl": jsonl,
 }
 
@@ -328,11 +340,14 @@ def save_dataset(dataset, output: str | Path, fmt: str = "disk") -> Path:
     output = Path(output)
     if fmt == "disk":
         dataset.save_to_disk(str(output))
+    elif fmt == "jsonl":
+        output.parent.mkdir(parents=True, exist_ok=True)
+        dataset.to_json(str(output), lines=True, force_ascii=False)
     elif fmt == "parquet":
         (output / "data").mkdir(parents=True, exist_ok=True)
         dataset.to_parquet(str(output / "data" / "train-00000-of-00001.parquet"))
     else:
-        raise SuzakError(f"unknown format {fmt!r}: use 'disk' or 'parquet'")
+        raise SuzakError(f"unknown format {fmt!r}: use 'disk', 'parquet' or 'jsonl'")
     return output
 
 
@@ -340,10 +355,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m suzak.data", description="Build a dataset and write it to disk.")
     parser.add_argument("name", choices=sorted(DATASETS), help="builder")
     parser.add_argument("--output", required=True, help="folder to write")
-    parser.add_argument("--format", default="disk", choices=["disk", "parquet"], help="save_to_disk or Hub parquet")
-    parser.add_argument("--num_rows", type=int, default=2000, help="clevr_synthetic: rows to draw")
-    parser.add_argument("--seed", type=int, default=0, help="clevr_synthetic: seed")
-    parser.add_argument("--start", type=int, default=0, help="clevr_synthetic: first scene index")
+    parser.add_argument(
+        "--format", default="disk", choices=["disk", "parquet", "jsonl"], help="save_to_disk, Hub parquet or JSONL"
+    )
+    parser.add_argument("--num_rows", type=int, default=2000, help="synthetic builders: rows to draw")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic builders: seed")
+    parser.add_argument("--start", type=int, default=0, help="synthetic builders: first row index")
     parser.add_argument("--min_objects", type=int, default=3)
     parser.add_argument("--max_objects", type=int, default=10)
     parser.add_argument("--path", help="jsonl/gsm8k: local file")
@@ -354,10 +371,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.name == "clevr_synthetic":
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start,
                     "min_objects": args.min_objects, "max_objects": args.max_objects}  # fmt: skip
+    elif args.name == "gsm8k_synthetic":
+        options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start}
     elif args.path:
         options["path"] = args.path
     try:
         dataset = build_dataset(args.name, **options)
+        if args.format == "jsonl" and args.name.startswith("gsm8k"):
+            dataset = dataset.select_columns(["question", "answer"])  # GSM8K's own row format
         out = save_dataset(dataset, args.output, args.format)
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
