@@ -26,3 +26,13 @@ def tiny_processor(tiny_model_dir):
 @pytest.fixture(scope="session")
 def gsm8k_jsonl() -> Path:
     return FIXTURES / "gsm8k_tiny.jsonl"
+
+
+@pytest.fixture(scope="session")
+def eval_fixture_dir(tmp_path_factory) -> Path:
+    """R1-V-format SuperCLEVR-like (8 items, mixed image sizes) and GeoQA-like (6 items) files with their images."""
+    from suzak.eval.fixtures import write_fixtures
+
+    root = tmp_path_factory.mktemp("r1v-eval")
+    write_fixtures(root, superclevr=8, geoqa=6)
+    return root

@@ -32,6 +32,7 @@ __all__ = [
     "PixelBudget",
     "configure_processor",
     "fit_image",
+    "images_of",
     "precheck",
     "smart_resize",
     "to_rgb",
@@ -149,7 +150,8 @@ def configure_processor(processor: Any, budget: PixelBudget) -> Any:
     return processor
 
 
-def _images_of(row: dict) -> list[Image.Image]:
+def images_of(row: dict) -> list[Image.Image]:
+    """The PIL images of a data row (``images`` list or single ``image``); empty for text rows."""
     if row.get("images") is not None:
         return list(row["images"])
     if row.get("image") is not None:
@@ -176,10 +178,10 @@ def precheck(
     visual, prompt_lengths, too_long = [], [], []
     for index in range(n):
         row = dataset[index]
-        tokens = sum(budget.tokens(img.height, img.width) for img in _images_of(row))
+        tokens = sum(budget.tokens(img.height, img.width) for img in images_of(row))
         text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
         # each image placeholder is one <|image_pad|> in the text; the processor expands it to `tokens` pads
-        length = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(_images_of(row)) + tokens
+        length = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(images_of(row)) + tokens
         visual.append(tokens)
         prompt_lengths.append(length)
         if context_length is not None and length + max_completion_length > context_length:

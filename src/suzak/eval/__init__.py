@@ -1,0 +1,18 @@
+"""Evaluation: R1-V's SuperCLEVR counting and GeoQA protocols, GSM8K and held-out CLEVR, on HF or vLLM engines.
+
+- :mod:`suzak.eval.tasks`: items, prompt templates and the scorers (the reward parsers, one scorer per task);
+- :mod:`suzak.eval.engine`: ``HFEngine`` (batched ``generate``) and ``VLLMEngine`` (GPU), the same rows in and text out;
+- :mod:`suzak.eval.models`: loading base models, full checkpoints, LoRA adapters and DeepSpeed output dirs;
+- :mod:`suzak.eval.runner`: resumable, rank-sharded passes (greedy + seeds) writing R1-V's JSON;
+- :mod:`suzak.eval.report`: the JSON, the markdown summary and the published reference numbers;
+- :mod:`suzak.eval.fixtures`: small R1-V-format files with drawn images, for tests and dry runs.
+
+See docs/evaluate.md for the commands.
+"""
+
+from suzak.eval.engine import HFEngine, VLLMEngine
+from suzak.eval.report import REFERENCES
+from suzak.eval.runner import EvalConfig, evaluate
+from suzak.eval.tasks import TASKS, score
+
+__all__ = ["REFERENCES", "TASKS", "EvalConfig", "HFEngine", "VLLMEngine", "evaluate", "score"]

@@ -1,0 +1,249 @@
+"""Generation engines for evaluation: batched Hugging Face ``generate`` and vLLM, with the same inputs and outputs.
+
+Both take rows as the data builders produce them (``prompt`` in TRL's conversational form, plus ``image`` /
+``images`` as PIL images or neither for text) and return one completion string per row, in the rows' order:
+
+    engine = HFEngine(model, processor, PixelBudget(), batch_size=16, max_new_tokens=256)
+    outputs = engine.generate(rows)                              # greedy
+    outputs = engine.generate(rows, temperature=1.0, seed=0)     # sampled
+
+Images are fitted to the pixel budget before any processor sees them (as in training), batches are built from
+prompts of similar length (longest first, so an out-of-memory shows at once) and the vision placeholder tokens are
+suppressed while decoding: TRL suppresses ``<|image_pad|>`` during training, and a policy trained that way can
+still favour it under plain decoding (../docs/evaluate.md).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from suzak import SuzakError
+from suzak.vision import PixelBudget, configure_processor, images_of
+
+__all__ = ["VISION_PLACEHOLDERS", "HFEngine", "VLLMEngine", "length_batches", "vision_token_ids"]
+
+logger = logging.getLogger(__name__)
+
+# Qwen2-VL / Qwen2.5-VL tokens that stand for pixels in a prompt and must never be generated.
+VISION_PLACEHOLDERS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
+
+OnBatch = Callable[[list[int], list[str]], None]
+
+
+def _tokenizer(processing_class: Any) -> Any:
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
+def vision_token_ids(processing_class: Any) -> list[int]:
+    """Ids of the vision placeholder tokens this tokenizer has (none for a text-only tokenizer)."""
+    tokenizer = _tokenizer(processing_class)
+    vocab = tokenizer.get_vocab()
+    return [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
+
+
+def _pad_left(processing_class: Any) -> None:
+    """Left padding, so every prompt of a batch ends where generation starts (see ``suzak.trainer._pad_left``).
+
+    A tokenizer without a pad token (many text-only models) pads with its end-of-sequence token.
+    """
+    for obj in (processing_class, getattr(processing_class, "tokenizer", None)):
+        if obj is not None and hasattr(obj, "padding_side"):
+            obj.padding_side = "left"
+    tokenizer = _tokenizer(processing_class)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Row indices in batches of similar length, longest first (ties keep row order).
+
+    >>> length_batches([3, 9, 1, 9, 5], 2)
+    [[1, 3], [4, 0], [2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+class _BatchedEngine(abc.ABC):
+    """The loop both engines share: length-sorted batches, progress, a callback per batch, original order back."""
+
+    def __init__(self, processing_class: Any, budget: PixelBudget | None, batch_size: int, max_new_tokens: int,
+                 progress: bool = True):  # fmt: skip
+        if batch_size < 1 or max_new_tokens < 1:
+            raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}")
+        self.processing_class = processing_class
+        self.budget = budget or PixelBudget()
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.progress = progress
+        self.suppress_ids = vision_token_ids(processing_class)
+        configure_processor(processing_class, self.budget)
+        _pad_left(processing_class)
+
+    def prompt_text(self, row: dict) -> str:
+        """The chat-templated prompt (one placeholder per image), ready for generation."""
+        return self.processing_class.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+
+    def fitted_images(self, row: dict) -> list[Image.Image]:
+        return [self.budget.fit(image) for image in images_of(row)]
+
+    def prompt_length(self, row: dict, text: str | None = None) -> int:
+        """Prompt tokens: text tokens with each image placeholder expanded to the budget's visual tokens."""
+        text = self.prompt_text(row) if text is None else text
+        text_ids = _tokenizer(self.processing_class)(text, add_special_tokens=False)["input_ids"]
+        images = images_of(row)
+        return len(text_ids) - len(images) + sum(self.budget.tokens(img.height, img.width) for img in images)
+
+    def generate(self, rows: Sequence[dict], temperature: float = 0.0, seed: int | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:  # fmt: skip
+        """One completion per row, in order; ``on_batch(row_indices, outputs)`` runs after each batch."""
+        outputs: list[str | None] = [None] * len(rows)
+        prompts = [self.prompt_text(row) for row in rows]
+        batches = length_batches(
+            [self.prompt_length(r, p) for r, p in zip(rows, prompts, strict=True)], self.batch_size
+        )
+        with tqdm(total=len(rows), desc="generate", unit="q", disable=not self.progress) as bar:
+            for indices in batches:
+                batch = [rows[i] for i in indices]
+                texts = self._generate_batch(batch, [prompts[i] for i in indices], temperature, seed)
+                for i, text in zip(indices, texts, strict=True):
+                    outputs[i] = text
+                if on_batch is not None:
+                    on_batch(indices, texts)
+                bar.update(len(indices))
+        return outputs  # type: ignore[return-value]
+
+    @abc.abstractmethod
+    def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
+        """Completions for one batch (``prompts``: the rows' rendered prompt texts), in the batch's order."""
+
+
+def _sampling_kwargs(temperature: float) -> dict:
+    """Greedy, or plain temperature sampling (top-p 1, no top-k, as TRL samples in training).
+
+    The checkpoint's generation config supplies the rest (Qwen's ``repetition_penalty``), as in R1-V's eval.
+    """
+    if temperature > 0:
+        return {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": None}
+    return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+
+
+class HFEngine(_BatchedEngine):
+    """Batched ``model.generate`` for a Qwen2-VL/Qwen2.5-VL model and processor, or a causal LM and tokenizer."""
+
+    def __init__(self, model: Any, processing_class: Any, budget: PixelBudget | None = None, batch_size: int = 8,
+                 max_new_tokens: int = 256, *, progress: bool = True):  # fmt: skip
+        super().__init__(processing_class, budget, batch_size, max_new_tokens, progress)
+        self.model = model
+        self.pad_token_id = _tokenizer(processing_class).pad_token_id
+
+    def encode(self, rows: Sequence[dict], prompts: list[str] | None = None):
+        """The padded model inputs of a batch: fitted images, left padding, every image's visual tokens."""
+        texts = [self.prompt_text(row) for row in rows] if prompts is None else prompts
+        images = [image for row in rows for image in self.fitted_images(row)]
+        if images:
+            return self.processing_class(text=texts, images=images, padding=True, return_tensors="pt")
+        return _tokenizer(self.processing_class)(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+
+    def generate(self, rows: Sequence[dict], temperature: float = 0.0, seed: int | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:  # fmt: skip
+        if seed is not None:
+            torch.manual_seed(seed)  # once per call: a run's samples depend on its seed and its batches
+        return super().generate(rows, temperature, seed, on_batch)
+
+    @torch.inference_mode()
+    def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
+        inputs = self.encode(rows, prompts).to(self.model.device)
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        sequences = self.model.generate(
+            **inputs,
+            max_new_tokens=self.max_new_tokens,
+            suppress_tokens=self.suppress_ids or None,
+            pad_token_id=self.pad_token_id,
+            **_sampling_kwargs(temperature),
+        )
+        new_tokens = sequences[:, inputs["input_ids"].shape[1] :]  # (B, new): left padding puts every prompt end here
+        return _tokenizer(self.processing_class).batch_decode(new_tokens, skip_special_tokens=True)
+
+
+def import_vllm():
+    """The ``vllm`` module (GPU install only); a clear error elsewhere."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise SuzakError(
+            f"--engine vllm needs vLLM, which is not installed ({error}); it runs on CUDA GPUs only: "
+            "`bash setup.sh --gpu` installs it. Use --engine hf here."
+        ) from None
+    return vllm
+
+
+class VLLMEngine(_BatchedEngine):
+    """vLLM generation with the same prompts, pixel budget and suppressed tokens as :class:`HFEngine`. GPU only.
+
+    vLLM runs its own processor on the images; it gets them already fitted to the budget and the same min/max
+    pixels, so its visual tokens equal the HF path's. ``vllm_module`` replaces ``import vllm`` (tests pass a fake).
+    """
+
+    def __init__(self, model_path: str, processing_class: Any, budget: PixelBudget | None = None,
+                 batch_size: int = 64, max_new_tokens: int = 256, *, max_images_per_prompt: int = 1,
+                 repetition_penalty: float = 1.0, vllm_module: Any = None, progress: bool = True,
+                 **llm_kwargs):  # fmt: skip
+        super().__init__(processing_class, budget, batch_size, max_new_tokens, progress)
+        self.model_path = model_path
+        self.max_images_per_prompt = max_images_per_prompt
+        self.repetition_penalty = repetition_penalty
+        self.llm_kwargs = llm_kwargs
+        self._vllm_module = vllm_module
+        self._llm = None
+
+    @property
+    def vllm(self) -> Any:
+        if self._vllm_module is None:
+            self._vllm_module = import_vllm()
+        return self._vllm_module
+
+    @property
+    def llm(self) -> Any:
+        """The ``vllm.LLM``, built on first use (loading it takes the GPU)."""
+        if self._llm is None:
+            images = {}
+            if self.max_images_per_prompt > 0:  # text-only runs pass no multimodal settings
+                images = {
+                    "limit_mm_per_prompt": {"image": self.max_images_per_prompt},
+                    "mm_processor_kwargs": {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels},
+                }
+            self._llm = self.vllm.LLM(model=self.model_path, **images, **self.llm_kwargs)
+        return self._llm
+
+    def request(self, row: dict, prompt: str | None = None) -> dict:
+        """vLLM's input for a row: the rendered prompt and its fitted images."""
+        images = self.fitted_images(row)
+        request: dict[str, Any] = {"prompt": self.prompt_text(row) if prompt is None else prompt}
+        if images:
+            request["multi_modal_data"] = {"image": images}
+        return request
+
+    def sampling_params(self, temperature: float, seed: int | None) -> Any:
+        return self.vllm.SamplingParams(
+            temperature=temperature,
+            top_p=1.0,
+            max_tokens=self.max_new_tokens,
+            seed=seed,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias={token: -100.0 for token in self.suppress_ids} or None,
+            skip_special_tokens=True,
+        )
+
+    def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
+        requests = [self.request(row, prompt) for row, prompt in zip(rows, prompts, strict=True)]
+        results = self.llm.generate(requests, self.sampling_params(temperature, seed), use_tqdm=False)
+        return [result.outputs[0].text for result in results]

@@ -1,0 +1,121 @@
+"""Loading a checkpoint for evaluation: base models, full suzak checkpoints, LoRA adapters, DeepSpeed output dirs.
+
+- A model folder, a Hub id or ``tiny`` loads through :func:`suzak.modeling.load_model_and_processor` (the training
+  loader), in bfloat16 on a GPU and float32 on the CPU.
+- A LoRA adapter folder (``adapter_config.json``) loads its base model (``base_model_name_or_path``), applies the
+  adapter and merges it, so generation runs at full speed.
+- A DeepSpeed ``checkpoint-N`` folder with ``model.safetensors`` beside ``global_step*/`` loads like any folder;
+  one with ZeRO shards only is an error that says how to consolidate it with ``zero_to_fp32.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from suzak import SuzakError
+from suzak.modeling import load_model_and_processor, resolve_model_path
+from suzak.vision import PixelBudget
+
+__all__ = ["eval_device", "load_eval_model", "merged_model_dir", "saved_budget"]
+
+logger = logging.getLogger(__name__)
+
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer_config.json")
+
+
+def eval_device() -> torch.device:
+    """This process's GPU (``LOCAL_RANK`` under torchrun), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _check_not_zero_shards(path: Path) -> None:
+    shards = sorted(path.glob("global_step*"))
+    if shards and not any((path / w).is_file() for w in _WEIGHTS):
+        raise SuzakError(
+            f"{path} holds DeepSpeed ZeRO shards ({shards[-1].name}/) but no model weights. Consolidate them first: "
+            f"`python {path}/zero_to_fp32.py {path} {path} --safe_serialization` writes model.safetensors beside its "
+            "config.json; then evaluate the same folder."
+        )
+
+
+def _adapter_base(path: Path) -> str | None:
+    """The base model of a LoRA adapter folder, or None when ``path`` is not one."""
+    config_file = path / "adapter_config.json"
+    if not config_file.is_file():
+        return None
+    base = json.loads(config_file.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise SuzakError(f"{config_file} names no base_model_name_or_path; cannot tell which model the adapter is for")
+    return base
+
+
+def _load(path: str, dtype: str) -> tuple[Any, Any]:
+    model_args = SimpleNamespace(model_name_or_path=path, model_revision=None, dtype=dtype, attn_implementation=None)
+    no_mixed_precision = SimpleNamespace(bf16=False, fp16=False)
+    return load_model_and_processor(model_args, no_mixed_precision)
+
+
+def _load_adapter(path: Path, base: str, dtype: str) -> tuple[Any, Any]:
+    from peft import PeftModel
+
+    logger.info("LoRA adapter %s on base model %s: loading both and merging", path, base)
+    model, processing_class = _load(base, dtype)
+    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    if any((path / f).is_file() for f in _PROCESSOR_FILES):  # the trainer saves the processor with the adapter
+        from transformers import AutoProcessor, AutoTokenizer
+
+        loader = AutoProcessor if hasattr(processing_class, "tokenizer") else AutoTokenizer
+        processing_class = loader.from_pretrained(str(path))
+    return model, processing_class
+
+
+def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.device | None = None):
+    """(model in eval mode on ``device``, processing class) for any checkpoint kind suzak writes."""
+    device = device or eval_device()
+    dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    path = resolve_model_path(model_path)
+    local = Path(path)
+    if local.is_dir():
+        _check_not_zero_shards(local)
+    base = _adapter_base(local) if local.is_dir() else None
+    model, processing_class = _load_adapter(local, base, dtype) if base else _load(path, dtype)
+    return model.to(device).eval(), processing_class
+
+
+def merged_model_dir(model_path: str) -> str:
+    """A folder vLLM can load: ``model_path`` itself, or for a LoRA adapter its merge, written once beside it."""
+    path = Path(resolve_model_path(model_path))
+    if not path.is_dir():
+        return str(path)
+    _check_not_zero_shards(path)
+    base = _adapter_base(path)
+    if base is None:
+        return str(path)
+    merged = path.with_name(path.name + "-merged")
+    if not (merged / "config.json").is_file():
+        model, processing_class = _load_adapter(path, base, "bfloat16")
+        model.save_pretrained(merged)
+        processing_class.save_pretrained(merged)
+        logger.info("merged LoRA adapter %s into %s (vLLM loads full models)", path, merged)
+    return str(merged)
+
+
+def saved_budget(processing_class: Any) -> PixelBudget | None:
+    """The min/max pixels a checkpoint's image processor was saved with (None for a text tokenizer)."""
+    image_processor = getattr(processing_class, "image_processor", None)
+    size = getattr(image_processor, "size", None)
+    if size is None:
+        return None
+    lo, hi = (getattr(size, key, None) or (size.get(key) if isinstance(size, dict) else None)
+              for key in ("shortest_edge", "longest_edge"))  # fmt: skip
+    return PixelBudget(lo, hi) if lo and hi and lo <= hi else None
