@@ -98,17 +98,39 @@ def test_missing_model_is_one_clear_line(tmp_path):
         load_model_and_processor(ModelConfig(model_name_or_path="Qwen/Qwen2.5-VL-7B-Instruct"), None)
 
 
+def _checkpoint(root: Path, step: int, state: str = "{}", weights: bool = True) -> Path:
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(state)
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"x" * 10)
+    return folder
+
+
 def test_latest_checkpoint_skips_incomplete(tmp_path):
-    for step, complete in [(10, True), (20, True), (30, False)]:
-        folder = tmp_path / f"checkpoint-{step}"
-        folder.mkdir()
-        if complete:
-            (folder / "trainer_state.json").write_text("{}")
-            (folder / "model.safetensors").write_bytes(b"x")
-        else:
-            (folder / "trainer_state.json").write_text("{}")  # weights never written
+    """Plain Trainer checkpoints (no marker): trainer_state.json, written last, must parse and weights must exist."""
+    _checkpoint(tmp_path, 10)
+    _checkpoint(tmp_path, 20)
+    _checkpoint(tmp_path, 30, weights=False)  # weights never written
+    _checkpoint(tmp_path, 40, state='{"global_st')  # killed while writing the state
     assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-20")
     assert latest_checkpoint(tmp_path / "nothing-here") is None
+
+
+def test_latest_checkpoint_trusts_only_intact_marked_checkpoints(tmp_path, caplog):
+    from suzak.checkpoints import begin_overwrite, mark_complete
+
+    mark_complete(_checkpoint(tmp_path, 1))
+    truncated = mark_complete(_checkpoint(tmp_path, 2)).parent
+    (truncated / "model.safetensors").write_bytes(b"x" * 3)  # damaged after it was written
+    overwriting = mark_complete(_checkpoint(tmp_path, 3)).parent
+    begin_overwrite(overwriting)  # a resumed run started saving into it again and died
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-1")
+    assert "checkpoint-2: model.safetensors has 3 bytes, 10 when" in caplog.text
+    assert "checkpoint-3: a save into it did not finish" in caplog.text
+    assert (tmp_path / "checkpoint-3").is_dir()  # skipped, never deleted
+    mark_complete(overwriting)  # that save finished after all
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-3")
 
 
 # --- end to end --------------------------------------------------------------------------------------------------

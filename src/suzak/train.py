@@ -6,6 +6,12 @@ Parsed with TRL's ``TrlParser`` from three dataclasses: suzak's :class:`SuzakArg
 rewards), TRL's ``GRPOConfig`` (every GRPO/TrainingArguments field as TRL defines it) and TRL's ``ModelConfig``
 (model, dtype, attention, LoRA). The YAML recipe sets values; CLI flags override it. ``.env`` (python-dotenv) holds
 secrets and machine paths; MODEL, DATASET and OUTPUT_DIR there override the recipe (CLI flags still win).
+
+Besides checkpoints, every run writes to its output dir: ``recipe.yaml`` (the recipe as run, secrets masked),
+``run_info.json`` (times, hardware, versions), ``metrics.csv`` and ``completions.csv`` (streamed, see
+:mod:`suzak.callbacks`) and, at the end, ``plots/*.png`` (:mod:`suzak.plot`). ``push_to_hub: true`` publishes the
+final model once, at the end, with suzak's model card (:mod:`suzak.release`); the Trainer's own per-save pushes
+are turned off.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from suzak import SuzakError
+from suzak.checkpoints import checkpoint_step, latest_checkpoint
 
 __all__ = ["SuzakArguments", "latest_checkpoint", "main", "parse_args"]
 
@@ -57,6 +64,10 @@ class SuzakArguments:
     )
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
     preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
+    release_dry_run: bool = field(
+        default=False,
+        metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
+    )
 
     def __post_init__(self):
         for name in ("dataset_kwargs", "reward_kwargs"):
@@ -90,13 +101,18 @@ def _cpu_overrides() -> list[str]:
     return [] if torch.cuda.is_available() else ["--bf16", "false"]
 
 
+def full_argv(argv: list[str]) -> list[str]:
+    """The flags the parser sees: CPU defaults, then .env overrides, then the user's flags (last wins)."""
+    return _cpu_overrides() + _env_overrides() + argv
+
+
 def parse_args(argv: list[str] | None = None):
     """(SuzakArguments, GRPOConfig, ModelConfig) from YAML + environment + CLI, in increasing priority."""
     from trl import GRPOConfig, ModelConfig, TrlParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = TrlParser((SuzakArguments, GRPOConfig, ModelConfig))
-    suzak_args, grpo_args, model_args = parser.parse_args_and_config(_cpu_overrides() + _env_overrides() + argv)
+    suzak_args, grpo_args, model_args = parser.parse_args_and_config(full_argv(argv))
     if model_args.model_name_or_path is None:
         raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
     return suzak_args, grpo_args, model_args
@@ -105,8 +121,10 @@ def parse_args(argv: list[str] | None = None):
 # --- run setup ---------------------------------------------------------------------------------------------------
 
 
-def setup_reporting(grpo_args) -> None:
-    """W&B without an API key runs offline (said once) instead of prompting or crashing."""
+def setup_reporting(grpo_args, recipe: str | None = None) -> None:
+    """Run name from the recipe; W&B without an API key runs offline (said once) instead of prompting or crashing."""
+    if grpo_args.run_name is None:
+        grpo_args.run_name = Path(recipe).stem if recipe else Path(grpo_args.output_dir).name
     if "wandb" not in (grpo_args.report_to or []):
         return
     logged_in = os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").is_file()
@@ -116,25 +134,8 @@ def setup_reporting(grpo_args) -> None:
     os.environ.setdefault("WANDB_PROJECT", "suzak")
 
 
-def _is_complete(checkpoint: Path) -> bool:
-    """A checkpoint folder with its trainer state and model weights (full, sharded, adapter or DeepSpeed)."""
-    if not (checkpoint / "trainer_state.json").is_file():
-        return False
-    weights = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
-    return any((checkpoint / w).is_file() for w in weights) or any(checkpoint.glob("global_step*"))
-
-
-def latest_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir``; half-written ones are skipped (and logged)."""
-    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    for folder in sorted(folders, key=lambda p: int(p.name.split("-")[-1]), reverse=True):
-        if _is_complete(folder):
-            return str(folder)
-        logger.warning("skipping incomplete checkpoint %s", folder)
-    return None
-
-
-def _resolve_resume(grpo_args) -> str | bool | None:
+def resolve_resume(grpo_args) -> str | bool | None:
+    """``resume_from_checkpoint`` with ``latest``/``last`` replaced by the newest complete checkpoint (or None)."""
     value = grpo_args.resume_from_checkpoint
     if value not in ("latest", "last"):
         return value
@@ -190,24 +191,65 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     )
 
 
+def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None) -> None:
+    """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank)."""
+    from suzak.callbacks import add_run_callbacks
+    from suzak.run_record import save_recipe, start_run
+
+    add_run_callbacks(trainer)
+    if trainer.accelerator.is_main_process:
+        output_dir = trainer.args.output_dir
+        save_recipe(output_dir, full_argv(argv), parsed)
+        start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
+        start_run(output_dir, argv, parsed, resume, start_step)
+
+
+def _finish(trainer, release) -> None:
+    """Main process, after the final save: close run_info.json, draw the plots, publish when asked."""
+    from suzak.plot import plot_run
+    from suzak.run_record import finish_run
+
+    output_dir = trainer.args.output_dir
+    finish_run(output_dir, trainer.state.global_step)
+    try:
+        plot_run(output_dir)
+    except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a finished run; said, not hidden
+        logger.warning("plots failed (%s: %s); retry with `python -m suzak.plot %s`", type(error).__name__, error,
+                       output_dir)  # fmt: skip
+    if release is not None:
+        release.publish(output_dir)
+
+
 def run(argv: list[str] | None = None) -> str:
-    """Parse, train, save; returns the output dir."""
+    """Parse, train, save, record, publish; returns the output dir."""
     from dotenv import load_dotenv
 
+    from suzak.release import release_request
+    from suzak.run_record import config_path
+
     load_dotenv(os.environ.get("SUZAK_ENV_FILE", ".env"), override=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
     suzak_args, grpo_args, model_args = parse_args(argv)
-    setup_reporting(grpo_args)
+    release = release_request(grpo_args, dry_run=suzak_args.release_dry_run)  # repo id and token checked up front
+    grpo_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
+    setup_reporting(grpo_args, recipe=config_path(argv))
     trainer = build_trainer(suzak_args, grpo_args, model_args)
-    trainer.train(resume_from_checkpoint=_resolve_resume(grpo_args))
+    resume = resolve_resume(grpo_args)
+    _start_records(trainer, argv, (suzak_args, grpo_args, model_args), resume)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(grpo_args.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(grpo_args.output_dir)
         logger.info("model and processor saved to %s", grpo_args.output_dir)
+        _finish(trainer, release)
     return grpo_args.output_dir
 
 
 def main(argv: list[str] | None = None) -> None:
+    from suzak.redaction import install_log_redaction
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     try:
         output_dir = run(argv)
     except SuzakError as error:

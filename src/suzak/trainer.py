@@ -1,10 +1,15 @@
 """``VLMGRPOTrainer``: TRL's ``GRPOTrainer`` with the pixel budget, the reward pre-flight and the pre-check report.
 
-It overrides two small hooks and calls ``super()`` in both; no TRL method is copied:
+It overrides four small hooks and calls ``super()`` in each; no TRL method is copied:
 
 - ``_generate_and_score_completions(inputs)``: the single entry point before TRL's two processor calls, vLLM
   generation and the reward kwargs. Every image of the batch (``image``, ``images`` and images inline in the
-  messages) is fitted once to the budget here, so all of those see the same pixels and token counts.
+  messages) is fitted once to the budget here, so all of those see the same pixels and token counts. After TRL has
+  scored the batch, its rows (from TRL's ``_logs``) go to the ``completion_listeners`` (``completions.csv``).
+- ``_log_completion_extra(column, values)``: notes which ``log_extra`` columns this batch wrote.
+- ``log(logs)``: with ``log_completions``, prompts are plain text (``<image>`` for an image) while TRL builds its
+  completions table: W&B types a table column from its values and rejects VLM prompts, whose content parts differ
+  in shape (``{"type": "image"}`` beside ``{"type": "text", "text": …}``), failing the run at the first log step.
 - ``train()``: runs the reward pre-flight and the visual-token pre-check before step 1.
 
 The processor is configured with the same bounds, so it never resizes a fitted image again, and pads on the left.
@@ -13,11 +18,15 @@ The processor is configured with the same bounds, so it never resizes a fitted i
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
+from accelerate.utils import gather_object
 from PIL import Image
 from trl import GRPOTrainer
 
+from suzak.callbacks import completion_rows, image_reference, message_text
 from suzak.rewards import preflight
 from suzak.vision import PixelBudget, configure_processor, precheck
 
@@ -79,6 +88,9 @@ class VLMGRPOTrainer(GRPOTrainer):
             reward pre-flight. ``None`` skips it.
         preflight_rows: rows the pre-flight checks.
         precheck_rows: rows the visual-token pre-check reads (``None``: all of them).
+
+    ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
+    (:func:`suzak.callbacks.completion_rows`); set the same list on every rank.
     """
 
     def __init__(
@@ -96,11 +108,41 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.preflight_rows = preflight_rows
         self.precheck_rows = precheck_rows
         self.precheck_report: dict | None = None
+        self.completion_listeners: list[Callable[[list[dict]], None]] = []
+        self._batch_extra_columns: set[str] = set()
         configure_processor(self.processing_class, self.pixel_budget)
         _pad_left(self.processing_class)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        return super()._generate_and_score_completions([fit_row_images(row, self.pixel_budget) for row in inputs])
+        self._batch_extra_columns.clear()
+        output = super()._generate_and_score_completions([fit_row_images(row, self.pixel_budget) for row in inputs])
+        if self.model.training and self.completion_listeners:
+            self._publish_completions(inputs)
+        return output
+
+    def _log_completion_extra(self, column: str, values: list):
+        self._batch_extra_columns.add(column)
+        super()._log_completion_extra(column, values)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if not self.log_completions:
+            return super().log(logs, start_time)
+        prompts = self._logs["prompt"]
+        self._logs["prompt"] = deque((message_text(p) for p in prompts), maxlen=prompts.maxlen)
+        try:
+            super().log(logs, start_time)
+        finally:
+            self._logs["prompt"] = prompts
+
+    def _publish_completions(self, inputs: list[dict[str, Any]]) -> None:
+        """This batch's rows to the listeners. TRL gathers ``_logs`` over ranks in rank order; so do the references."""
+        references = gather_object([image_reference(row) for row in inputs])
+        if not self.accelerator.is_main_process:
+            return
+        weights = self.reward_weights.tolist()
+        rows = completion_rows(self._logs, references, self.state.global_step + 1, weights, self._batch_extra_columns)
+        for listener in self.completion_listeners:
+            listener(rows)
 
     def train(self, *args, **kwargs):
         self.run_pre_checks()
