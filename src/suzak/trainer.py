@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from suzak.callbacks import completion_rows, image_reference, message_text
 from suzak.rewards import preflight
-from suzak.vision import PixelBudget, configure_processor, precheck
+from suzak.vision import PixelBudget, configure_processor, pad_left, precheck
 
 __all__ = ["VLMGRPOTrainer", "fit_row_images"]
 
@@ -66,19 +66,6 @@ def fit_row_images(row: dict, budget: PixelBudget) -> dict:
     return row
 
 
-def _pad_left(processing_class: Any) -> None:
-    """Left padding, as TRL sets only when it loads the processor itself.
-
-    TRL left-pads prompt ids but takes ``mm_token_type_ids`` from the processor's own padding; with a right-padding
-    processor the two disagree as soon as prompts differ in length (mixed image sizes), and Qwen2.5-VL's M-RoPE
-    index fails with a shape mismatch (the R1-V #137 crash class).
-    """
-    for obj in (processing_class, getattr(processing_class, "tokenizer", None)):
-        if obj is not None and hasattr(obj, "padding_side"):
-            obj.padding_side = "left"
-            obj.truncation_side = "left"
-
-
 class VLMGRPOTrainer(GRPOTrainer):
     """GRPOTrainer for Qwen2-VL/Qwen2.5-VL (and text models) with one pixel budget for every image path.
 
@@ -111,7 +98,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.completion_listeners: list[Callable[[list[dict]], None]] = []
         self._batch_extra_columns: set[str] = set()
         configure_processor(self.processing_class, self.pixel_budget)
-        _pad_left(self.processing_class)
+        pad_left(self.processing_class)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_extra_columns.clear()

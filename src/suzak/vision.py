@@ -33,6 +33,7 @@ __all__ = [
     "configure_processor",
     "fit_image",
     "images_of",
+    "pad_left",
     "precheck",
     "smart_resize",
     "to_rgb",
@@ -148,6 +149,24 @@ def configure_processor(processor: Any, budget: PixelBudget) -> Any:
             if hasattr(sub, attr):
                 setattr(sub, attr, value)
     return processor
+
+
+def pad_left(processing_class: Any) -> Any:
+    """Left padding for a processor or tokenizer, in place; a tokenizer without a pad token pads with EOS.
+
+    Generation needs every prompt of a batch to end where new tokens start. And in training TRL left-pads prompt ids
+    but takes ``mm_token_type_ids`` from the processor's own padding, setting left padding only when it loads the
+    processor itself: with a right-padding processor the two disagree as soon as prompts differ in length (mixed
+    image sizes) and Qwen2.5-VL's M-RoPE index fails with a shape mismatch (the R1-V #137 crash class).
+    """
+    for obj in (processing_class, getattr(processing_class, "tokenizer", None)):
+        if obj is not None and hasattr(obj, "padding_side"):
+            obj.padding_side = "left"
+            obj.truncation_side = "left"
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return processing_class
 
 
 def images_of(row: dict) -> list[Image.Image]:

@@ -25,7 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.vision import PixelBudget, configure_processor, images_of
+from suzak.vision import PixelBudget, configure_processor, images_of, pad_left
 
 __all__ = ["VISION_PLACEHOLDERS", "HFEngine", "VLLMEngine", "length_batches", "vision_token_ids"]
 
@@ -46,19 +46,6 @@ def vision_token_ids(processing_class: Any) -> list[int]:
     tokenizer = _tokenizer(processing_class)
     vocab = tokenizer.get_vocab()
     return [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
-
-
-def _pad_left(processing_class: Any) -> None:
-    """Left padding, so every prompt of a batch ends where generation starts (see ``suzak.trainer._pad_left``).
-
-    A tokenizer without a pad token (many text-only models) pads with its end-of-sequence token.
-    """
-    for obj in (processing_class, getattr(processing_class, "tokenizer", None)):
-        if obj is not None and hasattr(obj, "padding_side"):
-            obj.padding_side = "left"
-    tokenizer = _tokenizer(processing_class)
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -85,7 +72,7 @@ class _BatchedEngine(abc.ABC):
         self.progress = progress
         self.suppress_ids = vision_token_ids(processing_class)
         configure_processor(processing_class, self.budget)
-        _pad_left(processing_class)
+        pad_left(processing_class)
 
     def prompt_text(self, row: dict) -> str:
         """The chat-templated prompt (one placeholder per image), ready for generation."""
