@@ -89,7 +89,7 @@ def run(args) -> dict:
     folder = make_random_model(args.shape, Path(args.model_dir) / f"qwen2.5-vl-{args.shape}-random")
     cli = [
         "--config", "recipes/clevr_qwen2.5vl_7b.yaml", "--model_name_or_path", str(folder),
-        "--dataset_name", "clevr_synthetic", "--dataset_kwargs", json.dumps({"num_rows": 256, "progress": False}),
+        "--dataset_name", "clevr_synthetic", "--dataset_options", json.dumps({"num_rows": 256, "progress": False}),
         "--output_dir", str(Path(args.model_dir) / "bench-out"), "--max_steps", str(args.steps),
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1", "--log_completions", "false",
         "--max_completion_length", str(args.completion), "--per_device_train_batch_size", str(args.batch),

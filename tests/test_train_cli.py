@@ -45,14 +45,14 @@ def test_recipe_then_cli_overrides():
     suzak_args, grpo, model = parse_args(["--config", SMOKE, "--max_steps", "7", "--max_pixels", "100352"])
     assert grpo.max_steps == 7 and suzak_args.max_pixels == 100352
     assert model.model_name_or_path == "tiny" and suzak_args.rewards == ["clevr_count", "think_format"]
-    assert suzak_args.dataset_kwargs["num_rows"] == 64
+    assert suzak_args.dataset_options["num_rows"] == 64
 
 
-def test_json_dataset_kwargs_on_the_cli():
-    suzak_args, _, _ = parse_args(["--config", SMOKE, "--dataset_kwargs", '{"num_rows": 5}'])
-    assert suzak_args.dataset_kwargs == {"num_rows": 5}
+def test_json_dataset_options_on_the_cli():
+    suzak_args, _, _ = parse_args(["--config", SMOKE, "--dataset_options", '{"num_rows": 5}'])
+    assert suzak_args.dataset_options == {"num_rows": 5}
     with pytest.raises(SuzakError, match="JSON object"):
-        parse_args(["--config", SMOKE, "--dataset_kwargs", "{num_rows"])
+        parse_args(["--config", SMOKE, "--dataset_options", "{num_rows"])
 
 
 def test_env_overrides_recipe_and_cli_overrides_env(monkeypatch):

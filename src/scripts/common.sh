@@ -42,3 +42,27 @@ output_dir_of() {
   [ -n "${OUTPUT_DIR:-}" ] && { echo "$OUTPUT_DIR"; return; }
   python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get("output_dir", "?"))' "$recipe"
 }
+
+# run_recipe MODULE DEFAULT_RECIPE SMOKE_RECIPE ARGS...: the body of every launch script.
+#   --preset smoke -> SMOKE_RECIPE, no DeepSpeed; --recipe PATH; everything else overrides the recipe.
+#   DeepSpeed ZeRO-2 by default (ZeRO-2 + optimizer offload on a single GPU; see docs/benchmarks.md).
+run_recipe() {
+  local module=$1 recipe=$2 smoke=$3 deepspeed=ds_configs/zero2.json args=() out
+  shift 3
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --preset) [ "$2" = smoke ] || { echo "unknown preset $2 (known: smoke)" >&2; return 2; }
+                recipe=$smoke deepspeed=""; shift 2 ;;
+      --recipe) recipe=$2; shift 2 ;;
+      *) args+=("$1"); shift ;;
+    esac
+  done
+  if [ "$deepspeed" = ds_configs/zero2.json ] && [ "$NPROC" -eq 1 ] && [ "${NNODES:-1}" -eq 1 ]; then
+    deepspeed=ds_configs/zero2_offload.json  # one GPU: ZeRO-2 alone runs out of memory even for 3B
+  fi
+  [ -n "$deepspeed" ] && args=(--deepspeed "$deepspeed" "${args[@]}")
+  out=$(output_dir_of "$recipe" "${args[@]}")
+  echo "recipe $recipe | deepspeed ${deepspeed:-off} | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
+  launch "$module" --config "$recipe" "${args[@]}"
+  echo "checkpoints: $out/checkpoint-*   final model + processor: $out   metrics: $out/metrics.csv   plots: $out/plots/"
+}

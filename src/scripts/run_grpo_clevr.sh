@@ -12,22 +12,4 @@
 # .env (see .env.example) supplies tokens and MODEL / DATASET / OUTPUT_DIR overrides.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-
-recipe=recipes/clevr_qwen2.5vl_7b.yaml deepspeed=ds_configs/zero2.json args=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --preset) [ "$2" = smoke ] || { echo "unknown preset $2 (known: smoke)" >&2; exit 2; }
-              recipe=recipes/smoke.yaml deepspeed=""; shift 2 ;;
-    --recipe) recipe=$2; shift 2 ;;
-    *) args+=("$1"); shift ;;
-  esac
-done
-if [ "$deepspeed" = ds_configs/zero2.json ] && [ "$NPROC" -eq 1 ] && [ "${NNODES:-1}" -eq 1 ]; then
-  deepspeed=ds_configs/zero2_offload.json  # one GPU: ZeRO-2 alone runs out of memory even for 3B (docs/benchmarks.md)
-fi
-[ -n "$deepspeed" ] && args=(--deepspeed "$deepspeed" "${args[@]}")
-out=$(output_dir_of "$recipe" "${args[@]}")
-
-echo "recipe $recipe | deepspeed ${deepspeed:-off} | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
-launch suzak.train --config "$recipe" "${args[@]}"
-echo "checkpoints: $out/checkpoint-*   final model + processor: $out   metrics: $out/checkpoint-*/trainer_state.json"
+run_recipe suzak.train recipes/clevr_qwen2.5vl_7b.yaml recipes/smoke.yaml "$@"

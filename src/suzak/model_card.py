@@ -188,7 +188,7 @@ def _training_section(facts: TrainingFacts) -> list[str]:
     launches = facts.run_info.get("launches", [])
     final_step = next((l["final_step"] for l in reversed(launches) if "final_step" in l), None)  # noqa: E741
     rows = [("base model", f"`{facts.setting('model_name_or_path')}`"),
-            ("dataset", f"`{facts.setting('dataset_name')}` {json.dumps(facts.setting('dataset_kwargs') or {})}"),
+            ("dataset", f"`{facts.setting('dataset_name')}` {json.dumps(facts.setting('dataset_options') or {})}"),
             ("prompt template", f"`{facts.setting('prompt_template')}`"), ("pixel budget", budget),
             ("optimizer steps", final_step), ("training time", f"{seconds / 3600:.2f} h ({seconds:.0f} s)"),
             ("hardware", _hardware(facts.run_info))]  # fmt: skip

@@ -41,7 +41,7 @@ class SuzakArguments:
             "help": "Dataset builder (suzak.data.DATASETS), Hub alias, local save_to_disk/parquet folder or .jsonl file."
         },
     )
-    dataset_kwargs: dict | str | None = field(
+    dataset_options: dict | str | None = field(
         default=None,
         metadata={
             "help": "Options for the builder (YAML mapping, or JSON on the CLI), e.g. {num_rows: 2000, seed: 0}."
@@ -64,13 +64,21 @@ class SuzakArguments:
     )
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
     preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
+    eval_rows: int = field(
+        default=0,
+        metadata={"help": "Held-out rows answered by greedy generation every eval_steps and scored by the first "
+                          "reward (eval/accuracy); 0 turns it off. Synthetic datasets draw them past the training "
+                          "range, others hold out their last eval_rows rows."},
+    )  # fmt: skip
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "Token limit of the held-out generations."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Batch size of the held-out generations."})
     release_dry_run: bool = field(
         default=False,
         metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
     )
 
     def __post_init__(self):
-        for name in ("dataset_kwargs", "reward_kwargs"):
+        for name in ("dataset_options", "reward_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
                 try:
@@ -149,15 +157,56 @@ def resolve_resume(grpo_args) -> str | bool | None:
     return found
 
 
-def build_train_dataset(suzak_args, seed: int):
-    from suzak.data import build_dataset
+SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic")  # row i depends on (seed, start + i) alone
 
-    options = dict(suzak_args.dataset_kwargs or {})
+
+def build_datasets(suzak_args, seed: int):
+    """(train dataset, held-out rows or None). Held-out rows are never trained on."""
+    import inspect
+
+    from suzak.data import DATASETS, build_dataset
+
+    options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
     dataset = build_dataset(suzak_args.dataset_name, **options)
+    heldout = None
+    if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
+        builder = DATASETS[suzak_args.dataset_name]
+        num_rows = options.get("num_rows", inspect.signature(builder).parameters["num_rows"].default)
+        after = {**options, "num_rows": suzak_args.eval_rows, "start": options.get("start", 0) + num_rows}
+        heldout = list(build_dataset(suzak_args.dataset_name, **after))
+    elif suzak_args.eval_rows > 0:
+        count = min(suzak_args.eval_rows, len(dataset) // 2)
+        if count < suzak_args.eval_rows:
+            logger.warning("eval_rows=%d: only %d of %d rows held out", suzak_args.eval_rows, count, len(dataset))
+        heldout = list(dataset.select(range(len(dataset) - count, len(dataset))))
+        dataset = dataset.select(range(len(dataset) - count))
     if suzak_args.max_train_rows is not None:
         dataset = dataset.shuffle(seed=seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
-    return dataset
+    return dataset, heldout
+
+
+def build_eval_callback(suzak_args, args, heldout, processing_class, budget):
+    """The generation-eval callback for the held-out rows (None without them), scored by the first reward."""
+    from suzak.eval_callback import GenerationEvalCallback
+    from suzak.rewards import resolve_reward
+
+    if not heldout:
+        return None
+    if not args.eval_steps:
+        raise SuzakError("eval_rows needs eval_steps: how often to generate the held-out answers")
+    name = suzak_args.rewards[0]
+    scorer = resolve_reward(name, (suzak_args.reward_kwargs or {}).get(name))
+    return GenerationEvalCallback(
+        heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget,
+        batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
+    )  # fmt: skip
+
+
+def add_first(trainer, callback) -> None:
+    """Add ``callback`` ahead of the reporters, so values it adds to a log line reach W&B/TensorBoard."""
+    if callback is not None:
+        trainer.callback_handler.callbacks.insert(0, callback)
 
 
 def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **trainer_kwargs):
@@ -172,23 +221,27 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
 
     template = get_template(suzak_args.prompt_template)
     reward_funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+    heldout = None
     if train_dataset is None:
-        train_dataset = build_train_dataset(suzak_args, grpo_args.seed)
+        train_dataset, heldout = build_datasets(suzak_args, grpo_args.seed)
     model, processing_class = load_model_and_processor(model_args, grpo_args)
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
-    return VLMGRPOTrainer(
+    budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels)
+    trainer = VLMGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
         args=grpo_args,
         train_dataset=train_dataset,
         processing_class=processing_class,
         peft_config=get_peft_config(model_args),
-        pixel_budget=PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels),
+        pixel_budget=budget,
         answer_format=template.answer_format if suzak_args.preflight_rows > 0 else None,
         preflight_rows=suzak_args.preflight_rows,
         **trainer_kwargs,
     )
+    add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class, budget))
+    return trainer
 
 
 def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None) -> None:
@@ -220,8 +273,8 @@ def _finish(trainer, release) -> None:
         release.publish(output_dir)
 
 
-def run(argv: list[str] | None = None) -> str:
-    """Parse, train, save, record, publish; returns the output dir."""
+def run(argv: list[str] | None = None, *, parse=None, build=None) -> str:
+    """Parse, train, save, record, publish; returns the output dir. ``suzak.sft`` passes its own parse/build."""
     from dotenv import load_dotenv
 
     from suzak.release import release_request
@@ -229,11 +282,11 @@ def run(argv: list[str] | None = None) -> str:
 
     load_dotenv(os.environ.get("SUZAK_ENV_FILE", ".env"), override=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    suzak_args, grpo_args, model_args = parse_args(argv)
+    suzak_args, grpo_args, model_args = (parse or parse_args)(argv)
     release = release_request(grpo_args, dry_run=suzak_args.release_dry_run)  # repo id and token checked up front
     grpo_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
     setup_reporting(grpo_args, recipe=config_path(argv))
-    trainer = build_trainer(suzak_args, grpo_args, model_args)
+    trainer = (build or build_trainer)(suzak_args, grpo_args, model_args)
     resume = resolve_resume(grpo_args)
     _start_records(trainer, argv, (suzak_args, grpo_args, model_args), resume)
     trainer.train(resume_from_checkpoint=resume)
@@ -245,13 +298,13 @@ def run(argv: list[str] | None = None) -> str:
     return grpo_args.output_dir
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, **run_kwargs) -> None:
     from suzak.redaction import install_log_redaction
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     try:
-        output_dir = run(argv)
+        output_dir = run(argv, **run_kwargs)
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
     if int(os.environ.get("RANK", "0")) == 0:

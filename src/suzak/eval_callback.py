@@ -1,0 +1,128 @@
+"""Accuracy by generation during training: a ``TrainerCallback`` for GRPO and SFT, text and image prompts.
+
+Every ``eval_steps`` it generates greedy answers for a fixed held-out sample with the evaluation engine
+(:class:`suzak.eval.engine.HFEngine`: same pixel budget, same vision-token suppression), scores them with the
+same reward function training uses, and
+
+- logs ``eval/accuracy`` in the trainer's own log line of that step (it asks the trainer to log at that step and
+  joins the line before the reporters see it), so W&B, TensorBoard and ``trainer_state.json`` get one row per
+  step and no two writers ever claim the same W&B step;
+- logs a W&B table of (step, prompt, output, gold, correct) when W&B is active;
+- appends the same rows to ``<output_dir>/eval_samples.csv`` as they are produced.
+
+Teacher-forced argmax "accuracy" overstates what a model does when it has to generate; this measures the latter.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from suzak.callbacks import message_text
+from suzak.vision import PixelBudget
+
+__all__ = ["GenerationEvalCallback"]
+
+logger = logging.getLogger(__name__)
+
+CSV_NAME = "eval_samples.csv"
+CSV_COLUMNS = ["step", "index", "prompt", "output", "gold", "correct"]
+
+
+class GenerationEvalCallback(TrainerCallback):
+    """Greedy generation on ``rows`` every ``eval_steps``, scored by ``scorer`` (a reward function, max 1.0)."""
+
+    def __init__(
+        self,
+        rows: list[dict],
+        scorer: Callable,
+        processing_class,
+        *,
+        eval_steps: int,
+        budget: PixelBudget | None = None,
+        batch_size: int = 16,
+        max_new_tokens: int = 256,
+        name: str = "eval/accuracy",
+    ):
+        if eval_steps <= 0:
+            raise ValueError(f"eval_steps must be positive, got {eval_steps}")
+        self.rows = rows
+        self.scorer = scorer
+        self.processing_class = processing_class
+        self.eval_steps = eval_steps
+        self.budget = budget
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.name = name
+        self._pending: dict[str, float] = {}
+        self._pending_table: list[list] = []
+
+    # --- evaluation ----------------------------------------------------------------------------------------------
+
+    def evaluate(self, model, step: int) -> tuple[float, list[list]]:
+        """(accuracy, CSV rows) of greedy answers on the held-out rows with ``model`` as it is now."""
+        from suzak.eval.engine import HFEngine
+
+        engine = HFEngine(
+            model, self.processing_class, self.budget, self.batch_size, self.max_new_tokens, progress=False
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            outputs = engine.generate(self.rows)
+        finally:
+            model.train(was_training)
+        columns = {k: [row.get(k) for row in self.rows] for k in self.rows[0] if k not in ("prompt", "image", "images")}
+        scores = self.scorer(completions=outputs, prompts=[r["prompt"] for r in self.rows], **columns)
+        table = [
+            [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
+            for i, (row, output, score) in enumerate(zip(self.rows, outputs, scores, strict=True))
+        ]
+        accuracy = sum(r[-1] for r in table) / len(table)
+        return accuracy, table
+
+    def _append_csv(self, output_dir: str, table: list[list]) -> None:
+        path = Path(output_dir) / CSV_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists()
+        with path.open("a", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            if new:
+                writer.writerow(CSV_COLUMNS)
+            writer.writerows(table)
+
+    # --- trainer hooks -------------------------------------------------------------------------------------------
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.eval_steps != 0:
+            return control
+        accuracy, table = self.evaluate(model, state.global_step)
+        if state.is_world_process_zero:
+            self._append_csv(args.output_dir, table)
+        logger.info("step %d: %s = %.4f on %d held-out rows", state.global_step, self.name, accuracy, len(table))
+        self._pending = {self.name: accuracy}
+        self._pending_table = table
+        control.should_log = True  # log at this very step, so the value joins this step's line
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self._pending or logs is None:
+            return control
+        logs.update(self._pending)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(self._pending)
+        self._log_wandb_table(args, state)
+        self._pending, self._pending_table = {}, []
+        return control
+
+    def _log_wandb_table(self, args, state) -> None:
+        if "wandb" not in (args.report_to or []) or not state.is_world_process_zero:
+            return
+        import wandb
+
+        if wandb.run is not None:  # commit=False: joins the row the reporters write for this step
+            wandb.log({"eval/samples": wandb.Table(columns=CSV_COLUMNS, data=self._pending_table)}, commit=False)

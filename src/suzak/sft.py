@@ -1,0 +1,122 @@
+"""SFT warm starts with TRL's ``SFTTrainer`` (loss on the completion only), for GSM8K and CLEVR counting.
+
+    python -m suzak.sft --config recipes/sft_smoke.yaml [--any_field value ...]
+    bash src/scripts/run_sft.sh --preset smoke
+
+Same conventions as ``suzak.train``: ``TrlParser`` over suzak's :class:`~suzak.train.SuzakArguments`, TRL's
+``SFTConfig`` and ``ModelConfig``; YAML recipe, then ``.env`` (MODEL/DATASET/OUTPUT_DIR), then CLI flags. The
+targets are built from the prompt template's answer format, so an SFT model answers in exactly the format the GRPO
+rewards score (``model_name_or_path`` of a GRPO recipe can point at the SFT output):
+
+- GSM8K rows: the worked answer ending ``#### N`` with the ``<<…>>`` calculator spans removed (``gsm8k``
+  template), or the same steps inside ``<think>`` and the number in ``<answer>`` (``gsm8k_think``);
+- CLEVR scenes: ``<think>`` + the scene description + ``</think> <answer> N </answer>``;
+- anything else: the gold answer in the template's answer format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+
+from suzak import SuzakError
+from suzak.parsing import gold_answer
+from suzak.prompts import get_template, render_answer
+
+__all__ = ["build_sft_trainer", "main", "parse_sft_args", "sft_completion", "to_sft_dataset"]
+
+logger = logging.getLogger(__name__)
+
+CALCULATOR_SPAN = re.compile(r"\$?<<[^>]+>>")  # GSM8K's "<<48/2=24>>" annotations (and a "$" glued before them)
+
+
+def _gsm8k_steps(answer: str) -> str:
+    """The worked steps of a GSM8K answer, calculator spans removed, without the final ``#### N`` line."""
+    lines = CALCULATOR_SPAN.sub("", answer).strip().splitlines()
+    return "\n".join(line for line in lines if not line.startswith("####")).strip()
+
+
+def _clevr_reasoning(row: dict) -> str:
+    from suzak.clevr import Scene, describe_scene
+
+    scene = Scene.from_dict(json.loads(row["scene"]))
+    return f"{describe_scene(scene)} Counting the objects the question asks about gives {row['count']}."
+
+
+def sft_completion(row: dict, answer_format: str) -> str:
+    """The target completion for one row in ``answer_format`` (see the module docstring)."""
+    gold = gold_answer(row["solution"])
+    if isinstance(row.get("answer"), str) and "####" in row["answer"]:
+        return render_answer(answer_format, gold, _gsm8k_steps(row["answer"]))
+    if row.get("scene"):
+        return render_answer(answer_format, gold, _clevr_reasoning(row))
+    return render_answer(answer_format, gold)
+
+
+def to_sft_dataset(dataset, answer_format: str):
+    """Add TRL's prompt-completion ``completion`` column (one assistant turn) to a suzak dataset."""
+
+    def add_completion(row: dict, index: int) -> dict:
+        try:
+            text = sft_completion(row, answer_format)
+        except (ValueError, TypeError, KeyError) as error:
+            raise SuzakError(f"cannot build the SFT target of row {index}: {error}") from None
+        return {"completion": [{"role": "assistant", "content": text}]}
+
+    return dataset.map(add_completion, with_indices=True, desc="SFT targets")
+
+
+def parse_sft_args(argv: list[str] | None = None):
+    """(SuzakArguments, SFTConfig, ModelConfig) from YAML + environment + CLI, as ``suzak.train.parse_args``."""
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    from suzak.train import SuzakArguments, full_argv
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = TrlParser((SuzakArguments, SFTConfig, ModelConfig))
+    return parser.parse_args_and_config(full_argv(argv))
+
+
+def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
+    """The configured TRL ``SFTTrainer``: images fitted to the budget, completion-only loss, optional eval callback."""
+    from trl import SFTTrainer, get_peft_config
+
+    from suzak.modeling import freeze_vision_tower, load_model_and_processor
+    from suzak.train import add_first, build_datasets, build_eval_callback
+    from suzak.trainer import fit_row_images
+    from suzak.vision import PixelBudget, configure_processor
+
+    budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels)
+    template = get_template(suzak_args.prompt_template)
+    dataset, heldout = build_datasets(suzak_args, sft_args.seed)
+    dataset = to_sft_dataset(dataset, template.answer_format)
+    if "image" in dataset.column_names or "images" in dataset.column_names:
+        dataset = dataset.map(lambda row: fit_row_images(row, budget), desc="fit images")
+    sft_args.completion_only_loss = True
+    model, processing_class = load_model_and_processor(model_args, sft_args)
+    configure_processor(processing_class, budget)
+    if suzak_args.freeze_vision_tower:
+        freeze_vision_tower(model)
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_args,
+        train_dataset=dataset,
+        processing_class=processing_class,
+        peft_config=get_peft_config(model_args),
+        **trainer_kwargs,
+    )
+    add_first(trainer, build_eval_callback(suzak_args, sft_args, heldout, processing_class, budget))
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``suzak.train``'s run (records, CSV streams, plots, resume, release) with SFT's parser and trainer."""
+    from suzak.train import main as train_main
+
+    train_main(argv, parse=parse_sft_args, build=build_sft_trainer)
+
+
+if __name__ == "__main__":
+    main()
