@@ -113,6 +113,7 @@ def training_corpus(seed: int = 0) -> list[str]:
         lines.append(f"<answer> {n} </answer> <answer>{n}</answer> #### {n:,} ${n}.{n % 100:02d} -{n}")
     lines += [f"There is a {a} {c} {s}." for a in attrs for c in colors for s in shapes[:4]]
     lines += [f"The image is {c}. {c} {c.capitalize()}" for c in colors]
+    lines += colors * 4  # bare words, as an answer right after "assistant\n" starts: one token each (self-test)
     return lines
 
 
