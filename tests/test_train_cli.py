@@ -176,3 +176,14 @@ def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
           SMOKE, "--max_steps", "2", "--deepspeed", "ds_configs/zero2.json", "--output_dir", str(out)], run_env)  # fmt: skip
     assert _global_step(out) == 2
     assert any((out / "checkpoint-2").glob("global_step*"))
+
+
+def test_tiny_cache_is_keyed_by_the_builder_and_built_whole(tmp_path, monkeypatch):
+    from suzak.modeling import resolve_model_path, tiny_model_cache
+
+    monkeypatch.setenv("SUZAK_CACHE", str(tmp_path))
+    path = Path(resolve_model_path("tiny"))
+    assert path == tiny_model_cache() and (path / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no scratch folder left behind
+    assert path.name.startswith("tiny-qwen2.5-vl-") and len(path.name) == len("tiny-qwen2.5-vl-") + 10
+    assert resolve_model_path("Qwen/Qwen2.5-VL-7B-Instruct") == "Qwen/Qwen2.5-VL-7B-Instruct"

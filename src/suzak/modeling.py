@@ -32,8 +32,16 @@ TINY_MODEL = "tiny"
 
 
 def tiny_model_cache() -> Path:
+    """Where ``tiny`` is built: keyed by a hash of the builder's source, so a changed builder never reuses a stale
+    model (a tokenizer built by older code would not match the prompts)."""
+    import hashlib
+
+    import suzak.prompts
+    import suzak.tiny
+
+    source = "".join(Path(m.__file__).read_text() for m in (suzak.tiny, suzak.prompts))
     root = os.environ.get("SUZAK_CACHE") or Path.home() / ".cache" / "suzak"
-    return Path(root) / "tiny-qwen2.5-vl"
+    return Path(root) / f"tiny-qwen2.5-vl-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
 
 def resolve_model_path(name: str) -> str:
@@ -42,10 +50,16 @@ def resolve_model_path(name: str) -> str:
         return name
     path = tiny_model_cache()
     if not (path / "config.json").is_file():
+        import shutil
+
         from suzak.tiny import build_tiny_model
 
         logger.info("building the offline tiny Qwen2.5-VL in %s", path)
-        build_tiny_model(path)
+        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"))
+        try:
+            scratch.rename(path)  # whole or absent: torchrun ranks may build at the same time
+        except OSError:
+            shutil.rmtree(scratch)  # another process finished first; its copy is identical
     return str(path)
 
 
