@@ -98,8 +98,21 @@ def test_clevr_sft_smoke_starts_clevr_grpo(tmp_path, run_env):
     _run(
         ["python", "-m", "suzak.sft", "--config", "recipes/sft_clevr_smoke.yaml", "--output_dir", str(sft_out)], run_env
     )
-    losses = [log["loss"] for log in _history(sft_out) if "loss" in log]
+    history = _history(sft_out)
+    losses = [log["loss"] for log in history if "loss" in log]
     assert losses[-1] < losses[0]
+    assert sorted(log["step"] for log in history if "eval/accuracy" in log) == [4, 8]  # image prompts evaluated
     assert type(AutoModelForImageTextToText.from_pretrained(sft_out)).__name__ == "Qwen2_5_VLForConditionalGeneration"
     _run(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
           "--max_steps", "2", "--output_dir", str(tmp_path / "grpo")], run_env)  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")))
+def test_every_recipe_parses(recipe):
+    from suzak.sft import parse_sft_args
+    from suzak.train import parse_args
+
+    parse = parse_sft_args if recipe.startswith("sft_") else parse_args
+    suzak_args, args, model = parse(["--config", str(ROOT / "recipes" / recipe)])
+    assert model.model_name_or_path and suzak_args.rewards
+    assert suzak_args.eval_rows == 0 or args.eval_steps  # an eval sample needs a cadence
