@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_clevr_sft_targets_think_then_answer():
 
 def test_sft_smoke_then_grpo_gsm8k_from_it(tmp_path, run_env):
     sft_out, grpo_out, my_jsonl = tmp_path / "sft", tmp_path / "grpo", tmp_path / "my.jsonl"
-    _run(["python", "-m", "suzak.data", "gsm8k_synthetic", "--num_rows", "40", "--seed", "7", "--format", "jsonl",
+    _run([sys.executable, "-m", "suzak.data", "gsm8k_synthetic", "--num_rows", "40", "--seed", "7", "--format", "jsonl",
           "--output", str(my_jsonl)], run_env)  # fmt: skip
     _run(
         ["bash", "src/scripts/run_sft.sh", "--preset", "smoke", "--output_dir", str(sft_out), "--eval_rows", "0"],
@@ -96,7 +97,8 @@ def test_clevr_sft_smoke_starts_clevr_grpo(tmp_path, run_env):
 
     sft_out = tmp_path / "sft-clevr"
     _run(
-        ["python", "-m", "suzak.sft", "--config", "recipes/sft_clevr_smoke.yaml", "--output_dir", str(sft_out)], run_env
+        [sys.executable, "-m", "suzak.sft", "--config", "recipes/sft_clevr_smoke.yaml", "--output_dir", str(sft_out)],
+        run_env,
     )
     history = _history(sft_out)
     losses = [log["loss"] for log in history if "loss" in log]
