@@ -35,6 +35,7 @@ __all__ = [
     "images_of",
     "pad_left",
     "precheck",
+    "prompt_tokens",
     "smart_resize",
     "to_rgb",
     "visual_tokens",
@@ -169,6 +170,12 @@ def pad_left(processing_class: Any) -> Any:
     return processing_class
 
 
+def prompt_tokens(tokenizer: Any, text: str, images: list[Image.Image], budget: PixelBudget) -> int:
+    """Tokens of a rendered prompt once each image placeholder (one ``<|image_pad|>``) becomes its visual tokens."""
+    text_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return len(text_ids) - len(images) + sum(budget.tokens(img.height, img.width) for img in images)
+
+
 def images_of(row: dict) -> list[Image.Image]:
     """The PIL images of a data row (``images`` list or single ``image``); empty for text rows."""
     if row.get("images") is not None:
@@ -197,11 +204,10 @@ def precheck(
     visual, prompt_lengths, too_long = [], [], []
     for index in range(n):
         row = dataset[index]
-        tokens = sum(budget.tokens(img.height, img.width) for img in images_of(row))
+        images = images_of(row)
         text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        # each image placeholder is one <|image_pad|> in the text; the processor expands it to `tokens` pads
-        length = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(images_of(row)) + tokens
-        visual.append(tokens)
+        length = prompt_tokens(tokenizer, text, images, budget)
+        visual.append(sum(budget.tokens(img.height, img.width) for img in images))
         prompt_lengths.append(length)
         if context_length is not None and length + max_completion_length > context_length:
             too_long.append(index)

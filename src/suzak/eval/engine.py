@@ -25,7 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.vision import PixelBudget, configure_processor, images_of, pad_left
+from suzak.vision import PixelBudget, configure_processor, images_of, pad_left, prompt_tokens
 
 __all__ = ["VISION_PLACEHOLDERS", "HFEngine", "VLLMEngine", "length_batches", "vision_token_ids"]
 
@@ -84,9 +84,7 @@ class _BatchedEngine(abc.ABC):
     def prompt_length(self, row: dict, text: str | None = None) -> int:
         """Prompt tokens: text tokens with each image placeholder expanded to the budget's visual tokens."""
         text = self.prompt_text(row) if text is None else text
-        text_ids = _tokenizer(self.processing_class)(text, add_special_tokens=False)["input_ids"]
-        images = images_of(row)
-        return len(text_ids) - len(images) + sum(self.budget.tokens(img.height, img.width) for img in images)
+        return prompt_tokens(_tokenizer(self.processing_class), text, images_of(row), self.budget)
 
     def generate(self, rows: Sequence[dict], temperature: float = 0.0, seed: int | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:  # fmt: skip
