@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_ok(cmd: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run a command from the repo root as a user would; fail the test with its output tail if it fails."""
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def last_trainer_state(output_dir: Path) -> dict:
+    """``trainer_state.json`` of the newest ``checkpoint-N`` in ``output_dir``."""
+    states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return json.loads(states[-1].read_text())
+
+
+@pytest.fixture(scope="session")
+def run_env(tmp_path_factory) -> dict:
+    """Environment for end-to-end runs: the tiny model cached once per test session, no .env from the repo."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "DATASET", "OUTPUT_DIR")}
+    env["SUZAK_CACHE"] = str(tmp_path_factory.mktemp("suzak-cache"))
+    env["SUZAK_ENV_FILE"] = str(tmp_path_factory.mktemp("env") / "absent.env")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 @pytest.fixture(scope="session")

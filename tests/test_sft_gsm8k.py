@@ -3,37 +3,16 @@
 from __future__ import annotations
 
 import csv
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import last_trainer_state, run_ok
 from suzak.rewards import REWARDS
 from suzak.sft import sft_completion
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def run_env(tmp_path_factory):
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "DATASET", "OUTPUT_DIR")}
-    env["SUZAK_CACHE"] = str(tmp_path_factory.mktemp("suzak-cache"))
-    env["SUZAK_ENV_FILE"] = str(tmp_path_factory.mktemp("env") / "absent.env")
-    return env
-
-
-def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def _history(output_dir: Path) -> list[dict]:
-    states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-    return json.loads(states[-1].read_text())["log_history"]
 
 
 @pytest.mark.parametrize("template", ["gsm8k", "gsm8k_think"])
@@ -62,19 +41,19 @@ def test_clevr_sft_targets_think_then_answer():
 
 def test_sft_smoke_then_grpo_gsm8k_from_it(tmp_path, run_env):
     sft_out, grpo_out, my_jsonl = tmp_path / "sft", tmp_path / "grpo", tmp_path / "my.jsonl"
-    _run([sys.executable, "-m", "suzak.data", "gsm8k_synthetic", "--num_rows", "40", "--seed", "7", "--format", "jsonl",
+    run_ok([sys.executable, "-m", "suzak.data", "gsm8k_synthetic", "--num_rows", "40", "--seed", "7", "--format", "jsonl",
           "--output", str(my_jsonl)], run_env)  # fmt: skip
-    _run(
+    run_ok(
         ["bash", "src/scripts/run_sft.sh", "--preset", "smoke", "--output_dir", str(sft_out), "--eval_rows", "0"],
         run_env,
     )
-    losses = [log["loss"] for log in _history(sft_out) if "loss" in log]
+    losses = [log["loss"] for log in last_trainer_state(sft_out)["log_history"] if "loss" in log]
     assert len(losses) == 20 and sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3  # it learns its training rows
     assert (sft_out / "model.safetensors").is_file() and (sft_out / "tokenizer.json").is_file()
 
-    _run(["bash", "src/scripts/run_grpo_gsm8k.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
+    run_ok(["bash", "src/scripts/run_grpo_gsm8k.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
           "--dataset_name", str(my_jsonl), "--output_dir", str(grpo_out)], run_env)  # fmt: skip
-    history = _history(grpo_out)
+    history = last_trainer_state(grpo_out)["log_history"]
     step_logs = [log for log in history if "reward" in log]
     assert len(step_logs) == 4
     assert all("rewards/gsm8k_accuracy/mean" in log and "rewards/gsm8k_format/mean" in log for log in step_logs)
@@ -96,16 +75,16 @@ def test_clevr_sft_smoke_starts_clevr_grpo(tmp_path, run_env):
     from transformers import AutoModelForImageTextToText
 
     sft_out = tmp_path / "sft-clevr"
-    _run(
+    run_ok(
         [sys.executable, "-m", "suzak.sft", "--config", "recipes/sft_clevr_smoke.yaml", "--output_dir", str(sft_out)],
         run_env,
     )
-    history = _history(sft_out)
+    history = last_trainer_state(sft_out)["log_history"]
     losses = [log["loss"] for log in history if "loss" in log]
     assert losses[-1] < losses[0]
     assert sorted(log["step"] for log in history if "eval/accuracy" in log) == [4, 8]  # image prompts evaluated
     assert type(AutoModelForImageTextToText.from_pretrained(sft_out)).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    _run(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
+    run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
           "--max_steps", "2", "--output_dir", str(tmp_path / "grpo")], run_env)  # fmt: skip
 
 

@@ -4,38 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
 from suzak.train import latest_checkpoint, parse_args, setup_reporting
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")
-
-
-@pytest.fixture(scope="module")
-def run_env(tmp_path_factory):
-    """Environment for subprocess runs: the tiny model cached per test session, no .env from the repo."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "DATASET", "OUTPUT_DIR")}
-    env["SUZAK_CACHE"] = str(tmp_path_factory.mktemp("suzak-cache"))
-    env["SUZAK_ENV_FILE"] = str(tmp_path_factory.mktemp("env") / "absent.env")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _run(cmd: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def _global_step(output_dir: Path) -> int:
-    states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-    return json.loads(states[-1].read_text())["global_step"]
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------
@@ -140,11 +119,11 @@ def test_smoke_preset_through_launch_script(tmp_path, run_env):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     out = tmp_path / "smoke"
-    result = _run(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--max_steps", "2",
+    result = run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--max_steps", "2",
                    "--output_dir", str(out)], run_env)  # fmt: skip
     assert f"output {out}" in result.stdout and "checkpoints:" in result.stdout
     assert "reward pre-flight passed" in result.stderr
-    assert _global_step(out) == 2
+    assert last_trainer_state(out)["global_step"] == 2
     model = AutoModelForImageTextToText.from_pretrained(out)
     processor = AutoProcessor.from_pretrained(out)
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
@@ -155,26 +134,26 @@ def test_smoke_preset_through_launch_script(tmp_path, run_env):
 def test_resume_from_latest_checkpoint(tmp_path, run_env):
     out = tmp_path / "resume"
     base = [sys.executable, "-m", "suzak.train", "--config", SMOKE, "--output_dir", str(out), "--save_steps", "1"]
-    _run(base + ["--max_steps", "2"], run_env)
-    result = _run(base + ["--max_steps", "3", "--resume_from_checkpoint", "latest"], run_env)
+    run_ok(base + ["--max_steps", "2"], run_env)
+    result = run_ok(base + ["--max_steps", "3", "--resume_from_checkpoint", "latest"], run_env)
     assert f"resuming from {out / 'checkpoint-2'}" in result.stderr
-    assert _global_step(out) == 3
+    assert last_trainer_state(out)["global_step"] == 3
 
 
 @pytest.mark.slow
 def test_torchrun_two_processes_gloo(tmp_path, run_env):
     out = tmp_path / "ddp"
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "suzak.train", "--config",
+    run_ok([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "suzak.train", "--config",
           SMOKE, "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(out)], run_env)  # fmt: skip
-    assert _global_step(out) == 2
+    assert last_trainer_state(out)["global_step"] == 2
 
 
 @pytest.mark.slow
 def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
     out = tmp_path / "zero2"
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "suzak.train", "--config",
+    run_ok([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "suzak.train", "--config",
           SMOKE, "--max_steps", "2", "--deepspeed", "ds_configs/zero2.json", "--output_dir", str(out)], run_env)  # fmt: skip
-    assert _global_step(out) == 2
+    assert last_trainer_state(out)["global_step"] == 2
     assert any((out / "checkpoint-2").glob("global_step*"))
 
 
