@@ -209,6 +209,26 @@ def test_cogent_a_is_clevr_cogent_a():
     assert set(COGENT["A"]["cylinder"]) == {"red", "green", "purple", "cyan"}
 
 
+def test_sizes_restrict_and_zoom_scales_objects():
+    base = [sample_scene(scene_rng(5, i), min_objects=1, max_objects=3, width=112, height=84) for i in range(40)]
+    large = [sample_scene(scene_rng(5, i), min_objects=1, max_objects=3, width=112, height=84, sizes=["large"],
+                          zoom=2.0) for i in range(40)]  # fmt: skip
+    assert {o.size for s in large for o in s.objects} == {"large"}
+    assert [len(s.objects) for s in large] == [len(s.objects) for s in base]  # the count draw is unchanged
+    big = np.mean([o.radius for s in large for o in s.objects])
+    plain_large = np.mean([o.radius for s in base for o in s.objects if o.size == "large"])
+    assert big / plain_large == pytest.approx(2.0, rel=0.1)
+    for scene in large:  # still apart and inside the border, and every object is one blob in the picture
+        for a, b in itertools.combinations(scene.objects, 2):
+            assert math.hypot(a.x - b.x, a.y - b.y) >= a.radius + b.radius + MIN_GAP
+        fg = _foreground(render_scene(scene, background="plain", shadows=False))
+        assert ndimage.label(fg, structure=EIGHT_CONNECTED)[1] == len(scene.objects)
+    default = sample_scene(scene_rng(5, 0))  # the defaults draw exactly what they drew before the options existed
+    assert default == sample_scene(scene_rng(5, 0), sizes=tuple(SIZES), zoom=1.0)
+    rows = _rows(3, seed=5, min_objects=1, max_objects=3, width=112, height=84, sizes=["large"], zoom=2.0)
+    assert all(o["size"] == "large" for r in rows for o in json.loads(r["scene"])["objects"])
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="split"):
         sample_scene(scene_rng(0, 0), split="C")
@@ -216,6 +236,14 @@ def test_bad_arguments_raise():
         sample_scene(scene_rng(0, 0), min_objects=5, max_objects=2)
     with pytest.raises(ValueError, match="question_types"):
         sample_question(sample_scene(scene_rng(0, 0)), scene_rng(0, 0), question_types=("colour",))
+    with pytest.raises(ValueError, match="sizes"):
+        sample_scene(scene_rng(0, 0), sizes=["huge"])
+    with pytest.raises(ValueError, match="sizes"):
+        sample_scene(scene_rng(0, 0), sizes=[])
+    with pytest.raises(ValueError, match="zoom"):
+        sample_scene(scene_rng(0, 0), zoom=0)
+    with pytest.raises(ValueError, match="lower max_objects or zoom"):
+        sample_scene(scene_rng(0, 0), min_objects=10, max_objects=10, width=112, height=84, zoom=3.0)
 
 
 # --- rendering --------------------------------------------------------------------------------------------------

@@ -133,32 +133,51 @@ def _check_split(split: str | None) -> None:
         raise ValueError(f"split must be one of {sorted(COGENT)} or None, got {split!r}")
 
 
-def _sample_attributes(rng: np.random.Generator, split: str | None) -> dict[str, str]:
+def _check_sizes(sizes: Sequence[str] | None) -> tuple[str, ...]:
+    if sizes is None:
+        return tuple(SIZES)
+    sizes = tuple(sizes)
+    unknown = [s for s in sizes if s not in SIZES]
+    if not sizes or unknown:
+        raise ValueError(f"sizes must be a non-empty subset of {tuple(SIZES)}, got {sizes!r}")
+    return sizes
+
+
+def _sample_attributes(
+    rng: np.random.Generator, split: str | None, sizes: Sequence[str] = tuple(SIZES)
+) -> dict[str, str]:
     """Shape first, then a colour the CoGenT split allows for it (any colour when split is None)."""
     shape = SHAPES[rng.integers(len(SHAPES))]
     colors = tuple(COLORS) if split is None else COGENT[split][shape]
     return {
         "shape": shape,
         "color": colors[rng.integers(len(colors))],
-        "size": tuple(SIZES)[rng.integers(len(SIZES))],
+        "size": sizes[rng.integers(len(sizes))],
         "material": MATERIALS[rng.integers(len(MATERIALS))],
     }
 
 
-def _footprint_radius(size: str, y: np.ndarray | float, width: int, height: int) -> np.ndarray | float:
+def _footprint_radius(
+    size: str, y: np.ndarray | float, width: int, height: int, zoom: float = 1.0
+) -> np.ndarray | float:
     """Footprint radius at height ``y``: objects further back (smaller y) look smaller, as on a tabletop."""
     near, far = _PERSPECTIVE[1], _PERSPECTIVE[0]
-    return SIZES[size] * _SCALE * min(width, height) * (far + (near - far) * np.asarray(y) / height)
+    return zoom * SIZES[size] * _SCALE * min(width, height) * (far + (near - far) * np.asarray(y) / height)
 
 
 def _try_spot(
-    rng: np.random.Generator, size: str, placed: list[tuple[float, float, float]], width: int, height: int
+    rng: np.random.Generator,
+    size: str,
+    placed: list[tuple[float, float, float]],
+    width: int,
+    height: int,
+    zoom: float,
 ) -> tuple[float, float, float] | None:
     """A free (x, y, radius) for one object, or None; candidates are drawn in batches to keep numpy busy."""
     for _ in range(_ROUNDS):
         x = rng.uniform(0.0, width, _CANDIDATES)
         y = rng.uniform(0.0, height, _CANDIDATES)
-        r = _footprint_radius(size, y, width, height)
+        r = _footprint_radius(size, y, width, height, zoom)
         m = r + BORDER_MARGIN
         ok = (x >= m) & (x <= width - m) & (y >= m) & (y <= height - m)
         for px, py, pr in placed:
@@ -171,12 +190,12 @@ def _try_spot(
 
 
 def _place(
-    rng: np.random.Generator, sizes: Sequence[str], width: int, height: int
+    rng: np.random.Generator, sizes: Sequence[str], width: int, height: int, zoom: float
 ) -> list[tuple[float, float, float]] | None:
     """Rejection-sample positions for objects of the given sizes, or None when one does not fit."""
     placed: list[tuple[float, float, float]] = []
     for size in sizes:
-        spot = _try_spot(rng, size, placed, width, height)
+        spot = _try_spot(rng, size, placed, width, height, zoom)
         if spot is None:
             return None
         placed.append(spot)
@@ -191,27 +210,39 @@ def sample_scene(
     width: int = 320,
     height: int = 240,
     split: str | None = "A",
+    sizes: Sequence[str] | None = None,
+    zoom: float = 1.0,
 ) -> Scene:
     """A random scene with a uniform object count in [min_objects, max_objects].
 
     Placement restarts from scratch when an object does not fit, so a scene never holds fewer objects than
     sampled; it raises only when the image is far too small for the count. ``split=None`` lifts the CoGenT
-    colour rules. Objects are stored back to front (by y), the order they are drawn in.
+    colour rules. ``sizes`` restricts the object sizes (default: all of ``SIZES``); ``zoom`` scales every object
+    relative to the image, like a camera zooming in (2.0: twice the footprint radius). Objects are stored back
+    to front (by y), the order they are drawn in.
     """
     if not 0 <= min_objects <= max_objects:
         raise ValueError(f"need 0 <= min_objects <= max_objects, got {min_objects}, {max_objects}")
     _check_split(split)
+    sizes = _check_sizes(sizes)
+    if not zoom > 0:
+        raise ValueError(f"zoom must be > 0, got {zoom}")
     n = int(rng.integers(min_objects, max_objects + 1))
     # Large objects first: they are the hard ones to fit, and the attributes are i.i.d. so order is free.
-    attrs = sorted((_sample_attributes(rng, split) for _ in range(n)), key=lambda a: SIZES[a["size"]], reverse=True)
+    attrs = sorted(
+        (_sample_attributes(rng, split, sizes) for _ in range(n)), key=lambda a: SIZES[a["size"]], reverse=True
+    )
     for attempt in range(_RESTARTS):
-        spots = _place(rng, [a["size"] for a in attrs], width, height)
+        spots = _place(rng, [a["size"] for a in attrs], width, height, zoom)
         if spots is not None:
             if attempt:
                 logger.debug("placed %d objects after %d restarts", n, attempt)
             objects = [SceneObject(**a, x=x, y=y, radius=r) for a, (x, y, r) in zip(attrs, spots, strict=True)]
             return Scene(width, height, tuple(sorted(objects, key=lambda o: (o.y, o.x))))
-    raise ValueError(f"could not place {n} objects on {width}x{height} after {_RESTARTS} tries; lower max_objects")
+    raise ValueError(
+        f"could not place {n} objects on {width}x{height} (zoom {zoom}) after {_RESTARTS} tries; lower max_objects"
+        " or zoom"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -537,16 +568,26 @@ def generate_rows(
     height: int = 240,
     split: str | None = "A",
     question_types: Sequence[str] = QUESTION_TYPES,
+    sizes: Sequence[str] | None = None,
+    zoom: float = 1.0,
     progress: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Rows ``start .. start+num-1``: image, question (``problem``), answer (``count``) and the scene as JSON.
 
     Row i uses only ``scene_rng(seed, i)``, so any range can be made alone and equals the same rows of a longer run.
+    ``sizes`` and ``zoom`` are :func:`sample_scene`'s (object sizes allowed, objects scaled relative to the image).
     """
     for index in tqdm(range(start, start + num), desc="CLEVR scenes", disable=not progress):
         rng = scene_rng(seed, index)
         scene = sample_scene(
-            rng, min_objects=min_objects, max_objects=max_objects, width=width, height=height, split=split
+            rng,
+            min_objects=min_objects,
+            max_objects=max_objects,
+            width=width,
+            height=height,
+            split=split,
+            sizes=sizes,
+            zoom=zoom,
         )
         question = sample_question(scene, rng, question_types)
         yield {
