@@ -94,6 +94,19 @@ def test_clevr_count_logs_unparsed_fraction():
     assert extras == {"clevr_count/answer": ["3", None, None, "4"]}
 
 
+def test_clevr_count_plain_answer_format():
+    """The ``plain`` template's bare answers, set from a recipe's reward_kwargs; the pre-flight then agrees."""
+    reward = resolve_reward("clevr_count", {"answer_format": "plain"})
+    assert reward.__name__ == "clevr_count"
+    assert reward(["3", " three.", "<answer>3</answer>", "3 cubes", "4"], solution=["3"] * 5) == [1, 1, 0, 0, 0]
+    rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": str(n)} for n in (1, 2, 3)]
+    preflight(rows, [reward], "plain")
+    with pytest.raises(SuzakError, match="clevr_count"):
+        preflight(rows, [clevr_count], "plain")  # the default reads <answer> tags: a plain recipe must say so
+    with pytest.raises(ValueError, match="answer_format"):
+        clevr_count(["3"], solution=["3"], answer_format="tagged")
+
+
 def test_clevr_count_takes_trl_kwargs():
     """GRPOTrainer passes prompts, completion_ids, every column and its own helpers: all must be accepted."""
     rewards = clevr_count(

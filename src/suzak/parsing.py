@@ -149,12 +149,21 @@ def parse_int_answer(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def parse_count(completion_text: str) -> int | None:
-    """The count inside the completion's last ``<answer>`` tag; None without the tag (as R1-V's eval requires).
+def parse_count(completion_text: str, answer_format: str = "think_answer") -> int | None:
+    """The count a completion answers, in the prompt template's answer format, or None.
+
+    ``think_answer`` (R1-V): the count inside the last ``<answer>`` tag; None without the tag, as R1-V's eval
+    requires. ``plain``: the whole completion is the answer (the ``plain`` template asks for the bare value).
 
     >>> parse_count("<think>...</think><answer> 4 </answer>"), parse_count("4"), parse_count("<answer>four</answer>")
     (4, None, 4)
+    >>> parse_count("4", "plain"), parse_count(" Four.", "plain"), parse_count("4 cubes", "plain")
+    (4, 4, None)
     """
+    if answer_format == "plain":
+        return parse_int_answer(completion_text)
+    if answer_format != "think_answer":
+        raise ValueError(f"parse_count: answer_format must be 'think_answer' or 'plain', got {answer_format!r}")
     answer = extract_tag(completion_text, "answer")
     return None if answer is None else parse_int_answer(answer)
 

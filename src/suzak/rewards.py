@@ -98,16 +98,32 @@ def _log_unparsed(answers: list, name: str, log_metric: Callable | None, log_ext
 def clevr_count(
     completions: list,
     solution: list,
+    answer_format: str = "think_answer",
     log_metric: Callable | None = None,
     log_extra: Callable | None = None,
     **kwargs,
 ) -> list[float | None]:
     """1.0 when the count in the last ``<answer>`` tag equals the gold count, else 0.0 (no tag: 0.0).
 
+    ``answer_format="plain"`` (for the ``plain`` template; a recipe sets it with
+    ``reward_kwargs: {clevr_count: {answer_format: plain}}``) reads the whole completion as the count instead.
+
     >>> clevr_count(["<answer>3</answer>", "<answer>4</answer>", "3"], solution=[3, "3", "<answer> 3 </answer>"])
     [1.0, 0.0, 0.0]
+    >>> clevr_count(["3", "three", "<answer>3</answer>"], solution=[3, 3, 3], answer_format="plain")
+    [1.0, 1.0, 0.0]
     """
-    return _answer_match("clevr_count", completions, solution, parse_int_answer, parse_count, log_metric, log_extra)
+    if answer_format not in ("think_answer", "plain"):
+        raise ValueError(f"clevr_count: answer_format must be 'think_answer' or 'plain', got {answer_format!r}")
+    return _answer_match(
+        "clevr_count",
+        completions,
+        solution,
+        parse_int_answer,
+        functools.partial(parse_count, answer_format=answer_format),
+        log_metric,
+        log_extra,
+    )
 
 
 def think_format(completions: list, **kwargs) -> list[float | None]:
