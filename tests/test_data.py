@@ -128,6 +128,21 @@ def test_clevr_synthetic_columns_and_determinism(tmp_path):
     assert list(again[0]["image"].getdata()) == list(ds[3]["image"].getdata())
 
 
+def test_data_cli_clevr_sizes_and_zoom(tmp_path, monkeypatch):
+    """`python -m suzak.data clevr_synthetic --sizes large --zoom 2` reaches the generator."""
+    import json
+
+    from suzak.data import main
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    main(["clevr_synthetic", "--output", str(tmp_path / "out"), "--num_rows", "4", "--min_objects", "1",
+          "--max_objects", "2", "--sizes", "large", "--zoom", "2", "--template", "plain"])  # fmt: skip
+    back = build_dataset(str(tmp_path / "out"))
+    objects = [o for scene in back["scene"] for o in json.loads(scene)["objects"]]
+    assert objects and {o["size"] for o in objects} == {"large"} and set(back["count"]) <= {1, 2}
+    assert _user_text(back[0]["prompt"]) == back[0]["problem"]  # the plain template: the question alone
+
+
 @pytest.mark.parametrize("fmt", ["disk", "parquet"])
 def test_saved_dataset_reloads(tmp_path, fmt):
     ds = clevr_synthetic(4, seed=1, progress=False, cache_dir=str(tmp_path / "cache"))

@@ -368,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start", type=int, default=0, help="synthetic builders: first row index")
     parser.add_argument("--min_objects", type=int, default=3)
     parser.add_argument("--max_objects", type=int, default=10)
+    parser.add_argument("--sizes", nargs="+", default=None, help="clevr_synthetic: object sizes (default: all)")
+    parser.add_argument("--zoom", type=float, default=1.0, help="clevr_synthetic: objects scaled to the image")
     parser.add_argument("--path", help="jsonl/gsm8k: local file")
     parser.add_argument("--template", default=None, help="prompt template (suzak.prompts.TEMPLATES)")
     args = parser.parse_args(argv)
@@ -375,7 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     options: dict[str, Any] = {"template": args.template} if args.template else {}
     if args.name == "clevr_synthetic":
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start,
-                    "min_objects": args.min_objects, "max_objects": args.max_objects}  # fmt: skip
+                    "min_objects": args.min_objects, "max_objects": args.max_objects, "sizes": args.sizes,
+                    "zoom": args.zoom}  # fmt: skip
     elif args.name == "gsm8k_synthetic":
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start}
     elif args.path:
