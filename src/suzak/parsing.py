@@ -17,10 +17,12 @@ import functools
 import logging
 import re
 import threading
+from collections.abc import Callable
 from decimal import Decimal
 
 __all__ = [
     "completion_text",
+    "count_parser",
     "extract_tag",
     "gold_answer",
     "has_gsm8k_hash_line",
@@ -160,12 +162,29 @@ def parse_count(completion_text: str, answer_format: str = "think_answer") -> in
     >>> parse_count("4", "plain"), parse_count(" Four.", "plain"), parse_count("4 cubes", "plain")
     (4, 4, None)
     """
-    if answer_format == "plain":
-        return parse_int_answer(completion_text)
-    if answer_format != "think_answer":
-        raise ValueError(f"parse_count: answer_format must be 'think_answer' or 'plain', got {answer_format!r}")
+    return count_parser(answer_format)(completion_text)
+
+
+def _tagged_count(completion_text: str) -> int | None:
     answer = extract_tag(completion_text, "answer")
     return None if answer is None else parse_int_answer(answer)
+
+
+_COUNT_PARSERS = {"think_answer": _tagged_count, "plain": parse_int_answer}
+
+
+def count_parser(answer_format: str) -> Callable[[str], int | None]:
+    """``parse_count`` for one answer format, checked once (rewards bind it before scoring a batch).
+
+    >>> count_parser("plain")("3"), count_parser("think_answer")("3")
+    (3, None)
+    """
+    try:
+        return _COUNT_PARSERS[answer_format]
+    except KeyError:
+        raise ValueError(
+            f"count answer_format must be one of {', '.join(_COUNT_PARSERS)}, got {answer_format!r}"
+        ) from None
 
 
 def parse_number(text: str) -> Decimal | None:

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable
 from suzak import SuzakError
 from suzak.parsing import (
     completion_text,
+    count_parser,
     gold_answer,
     has_gsm8k_hash_line,
     is_think_format,
     math_equal,
-    parse_count,
     parse_gsm8k_answer,
     parse_int_answer,
     parse_number,
@@ -113,17 +113,8 @@ def clevr_count(
     >>> clevr_count(["3", "three", "<answer>3</answer>"], solution=[3, 3, 3], answer_format="plain")
     [1.0, 1.0, 0.0]
     """
-    if answer_format not in ("think_answer", "plain"):
-        raise ValueError(f"clevr_count: answer_format must be 'think_answer' or 'plain', got {answer_format!r}")
-    return _answer_match(
-        "clevr_count",
-        completions,
-        solution,
-        parse_int_answer,
-        functools.partial(parse_count, answer_format=answer_format),
-        log_metric,
-        log_extra,
-    )
+    parse_answer = count_parser(answer_format)  # an unknown format raises here, even for an empty batch
+    return _answer_match("clevr_count", completions, solution, parse_int_answer, parse_answer, log_metric, log_extra)
 
 
 def think_format(completions: list, **kwargs) -> list[float | None]:
