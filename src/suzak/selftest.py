@@ -163,14 +163,12 @@ def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: i
     ).select_columns(["prompt", "image", "solution"])  # fmt: skip
     if images == "aligned":
         return dataset
+    rows = list(dataset)  # decoded once
     if images == "shuffled":
-        order = np.random.default_rng(seed).permutation(num_rows)
-        pictures = [dataset[int(i)]["image"] for i in order]
+        pictures = [rows[i]["image"] for i in np.random.default_rng(seed).permutation(num_rows)]
     else:
         pictures = [render_scene(Scene(width, height, ()))] * num_rows
-    rows = [{"prompt": row["prompt"], "image": picture, "solution": row["solution"]}
-            for row, picture in zip(dataset, pictures, strict=True)]  # fmt: skip
-    return datasets.Dataset.from_list(rows)
+    return datasets.Dataset.from_list([row | {"image": picture} for row, picture in zip(rows, pictures, strict=True)])
 
 
 def first_token_reward(answer_ids: dict[str, int]):
@@ -222,7 +220,7 @@ def _quiet_progress(trainer) -> None:
 
     class StepBar(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            pass
+            """Print nothing: the reward table at the end sums the logs up."""
 
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StepBar())
@@ -360,7 +358,6 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
         model_dir = build_tiny_model(Path(tmp) / "model")
         runs = {}
         for images in conditions:
-            torch.manual_seed(config.seed)  # each condition starts from the same state
             _, rewards, heldout = _train(config, model_dir, images, Path(tmp) / images)
             runs[images] = {"rewards": rewards, "heldout": heldout}
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
