@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
-from suzak.selftest import COLORS, TASKS, SelfTestConfig, color_dataset, counting_dataset, first_token_reward, windows
+from suzak.selftest import (
+    COLORS,
+    TASKS,
+    SelfTestConfig,
+    color_dataset,
+    counting_dataset,
+    first_token_reward,
+    format_report,
+    unsuppressed_tokens,
+    windows,
+)
 
 
 def test_color_dataset_conditions():
@@ -64,9 +74,42 @@ def test_first_token_reward_is_zero_one():
     assert windows([1.0] * 10 + [0.0] * 5) == [1.0, 0.0]
 
 
-@pytest.mark.slow
+def test_eval_engine_suppresses_what_training_suppressed(tiny_model_dir, tmp_path):
+    """TRL keeps <|image_pad|> out of sampled completions (the hook the self-test reads); HFEngine must too."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig
+
+    from suzak.eval.engine import HFEngine
+    from suzak.trainer import VLMGRPOTrainer
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True,
+                      bf16=False, report_to="none", max_completion_length=2)  # fmt: skip
+    trainer = VLMGRPOTrainer(model=model, reward_funcs=[first_token_reward({"red": 0, "blue": 1})], args=args,
+                             train_dataset=color_dataset(8, seed=0), processing_class=processor)  # fmt: skip
+    assert trainer.generation_config.suppress_tokens == [model.config.image_token_id]
+    engine = HFEngine(model, processor, trainer.pixel_budget, progress=False)
+    assert unsuppressed_tokens(trainer, engine) == []
+    engine.suppress_ids = []  # an evaluation engine that lets the policy generate placeholders
+    assert unsuppressed_tokens(trainer, engine) == ["<|image_pad|>"]
+
+
+def test_report_fails_when_evaluation_does_not_suppress():
+    report = {"windows": {"aligned": [0.5, 0.95]}, "passed": False, "needs": {"aligned": ">= 0.9"},
+              "last10": {"aligned": 0.95}, "heldout": {"aligned": 1.0}, "seconds": 3.0,
+              "unsuppressed_in_eval": ["<|image_pad|>"]}  # fmt: skip
+    text = format_report(report)
+    assert text.splitlines()[2] == "| 1-10 | 0.500 |" and "FAIL: reward over the last 10 steps: aligned 0.950" in text
+    assert text.splitlines()[-1].startswith("FAIL: the evaluation engine does not suppress <|image_pad|>")
+
+
 def test_selftest_passes_aligned_and_stays_at_chance_shuffled(tmp_path):
-    """The whole command as a user runs it (seed 0): PASS, aligned >= 0.9, shuffled control in 0.3-0.7."""
+    """The whole command as a user runs it (seed 0): PASS, aligned >= 0.9, shuffled control in 0.3-0.7.
+
+    Not marked slow on purpose: it is the proof that training learns through the images, so every run of the suite
+    includes it (~2 min on 2 CPU cores, the slowest test of ``-m "not slow"``).
+    """
     report_path = tmp_path / "selftest.json"
     result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--seed", "0", "--json", str(report_path)],
                             capture_output=True, text=True, timeout=1800)  # fmt: skip
@@ -75,6 +118,7 @@ def test_selftest_passes_aligned_and_stays_at_chance_shuffled(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["passed"] and report["aligned_accuracy"] >= 0.9 and 0.3 <= report["control_accuracy"] <= 0.7
     assert report["heldout_accuracy"] >= 0.9  # greedy, through the evaluation engine with vision tokens suppressed
+    assert report["unsuppressed_in_eval"] == []
     assert set(report) >= {"aligned_accuracy", "control_accuracy", "heldout_accuracy", "steps", "seconds", "passed"}
 
 
