@@ -21,7 +21,8 @@ Each task runs an aligned run and a control run:
 The held-out evaluation must also suppress every token TRL suppressed while sampling (``<|image_pad|>``).
 
 PASS means gradients flow from the answer through the language model into the vision tower, for the image that
-belongs to the prompt, and evaluation scores the policy that was trained. Run it after installing on a new machine, before spending GPU hours:
+belongs to the prompt, and evaluation scores the policy that was trained. Run it after installing on a new
+machine, before spending GPU hours:
 
     python -m suzak.selftest                        # color: aligned + shuffled control, seed 0, 150 steps each
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
