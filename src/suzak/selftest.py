@@ -326,7 +326,7 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     )  # fmt: skip
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
     trainer.train()
-    return trainer, trace.rewards, *_heldout(trainer, config, list(heldout))
+    return trace.rewards, *_heldout(trainer, config, list(heldout))
 
 
 def unsuppressed_tokens(trainer, engine) -> list[str]:
@@ -379,7 +379,7 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
         model_dir = build_tiny_model(Path(tmp) / "model")
         runs = {}
         for images in conditions:
-            _, rewards, heldout, unsuppressed = _train(config, model_dir, images, Path(tmp) / images)
+            rewards, heldout, unsuppressed = _train(config, model_dir, images, Path(tmp) / images)
             runs[images] = {"rewards": rewards, "heldout": heldout, "unsuppressed": unsuppressed}
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     low, high = spec.control_band
