@@ -1,66 +1,144 @@
 #!/usr/bin/env bash
-# setup.sh - install suzak in one idempotent command.
+# setup.sh - install suzak in one idempotent command, online or from a folder of wheels.
 #
-#   bash setup.sh                 # .venv in the repo; CPU or GPU path picked by whether nvidia-smi sees a GPU
-#   bash setup.sh --use-active    # install into the virtualenv/conda env that is active now
-#   bash setup.sh --cpu | --gpu   # force a path
-#   bash setup.sh --no-dev        # skip pytest/ruff/scipy
+#   bash setup.sh                          # .venv in the repo; CPU or GPU path picked by whether nvidia-smi sees a GPU
+#   bash setup.sh --use-active             # install into the virtualenv/conda env that is active now
+#   bash setup.sh --cpu | --gpu            # force a path
+#   bash setup.sh --no-dev                 # skip pytest/ruff/scipy
+#   bash setup.sh --download-wheels DIR [--gpu] [--python-version 3.12]
+#                                          # on a connected machine: fill DIR with every wheel the path needs, install
+#                                          # nothing (for the target's Python: python3.12 must be on PATH here)
+#   bash setup.sh --wheels DIR [--gpu]     # on a machine with no internet: install from DIR only (no index is contacted)
+#   PYTHON=python3.12 bash setup.sh ...    # the interpreter .venv is made with (default: python3.11, else python3)
 #
 # CPU path: torch 2.14.1 + torchvision 0.29.1, suzak, DeepSpeed (ops not prebuilt; ZeRO runs on CPU for tests).
-# GPU path: torch 2.13.0 + torchvision 0.28.0 (the pair vllm 0.31.0 pins), suzak, vllm 0.31.0, DeepSpeed, and
-#           flash-attn built against that torch; a failed flash-attn build is a warning (training then uses sdpa).
+# GPU path: torch 2.11.0 + torchvision 0.26.0 + torchaudio 2.11.0 (CUDA 13.0 builds: NVIDIA driver >= 580), the exact
+#           torch vllm 0.24.0 pins; suzak, vllm 0.24.0, DeepSpeed, and flash-attn built against that torch; a failed
+#           flash-attn build is a warning (training then uses sdpa). Offline installs never build flash-attn.
 # torch goes in first: anything torch-dependent installed before it would pull another multi-GB torch build.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-path=auto use_active=0 dev=1
-for arg in "$@"; do
-  case $arg in
+CPU_TORCH=2.14.1 CPU_VISION=0.29.1
+GPU_TORCH=2.11.0 GPU_VISION=0.26.0 GPU_AUDIO=2.11.0 VLLM=0.24.0  # vllm 0.24.0 requires exactly this torch
+DEEPSPEED=0.19.8
+
+die() { echo "setup.sh: $*" >&2; exit 2; }
+path=auto use_active=0 dev=1 download="" wheels="" pyver=""
+while [ $# -gt 0 ]; do
+  case $1 in
     --cpu) path=cpu ;; --gpu) path=gpu ;; --use-active) use_active=1 ;; --no-dev) dev=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+    --download-wheels) [ $# -ge 2 ] || die "--download-wheels needs a folder"; download=$2; shift ;;
+    --wheels) [ $# -ge 2 ] || die "--wheels needs a folder"; wheels=$2; shift ;;
+    --python-version) [ $# -ge 2 ] || die "--python-version needs X.Y"; pyver=$2; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
   esac
+  shift
 done
+[ -z "$download" ] || [ -z "$wheels" ] || die "--download-wheels and --wheels are two steps on two machines: give one"
+[ -z "$pyver" ] || [ -n "$download" ] || die "--python-version only goes with --download-wheels"
+[ -z "$pyver" ] || [[ $pyver =~ ^3\.[0-9]+$ ]] || die "--python-version must look like 3.12, got $pyver"
+
+py=${PYTHON:-$(command -v python3.11 || command -v python3)}  # PYTHON=python3.12 bash setup.sh picks another
+
+# Requirements of the chosen path, one per line: torch first, then suzak's own dependencies (pyproject.toml).
+requirements() {
+  if [ "$path" = gpu ]; then
+    printf '%s\n' "torch==$GPU_TORCH" "torchvision==$GPU_VISION" "torchaudio==$GPU_AUDIO" "vllm==$VLLM"
+  else
+    printf '%s\n' "torch==$CPU_TORCH" "torchvision==$CPU_VISION"
+  fi
+  "$py" - "$dev" <<'PY'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+print("\n".join(project["dependencies"] + extras["deepspeed"] + (extras["dev"] if sys.argv[1] == "1" else [])))
+PY
+}
+
+if [ -n "$download" ]; then
+  # --- download: every wheel of the path into DIR (plus DeepSpeed's sdist, built at install time) --------------
+  [ "$path" = auto ] && path=cpu  # the target machine is not this one: CPU unless --gpu
+  if [ -n "$pyver" ]; then
+    # pip evaluates dependency markers (python_version > "3.11" ...) with the interpreter it runs on, so the
+    # download runs on the target version itself rather than with pip's --python-version.
+    py=$(command -v "python$pyver" || true)
+    [ -n "$py" ] && "$py" -c 'import pip' >/dev/null 2>&1 || die "--python-version $pyver needs python$pyver (with pip) on this machine's PATH"
+  fi
+  "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "needs Python >= 3.11 ($py is older)"
+  mkdir -p "$download"
+  pip_dl() { "$py" -m pip download --disable-pip-version-check -d "$download" "$@"; }
+  echo "== downloading the $path path's wheels into $download${pyver:+ (for Python $pyver)}"
+  # DeepSpeed ships only an sdist whose requirements live in a file inside it: fetch it alone, resolve those.
+  pip_dl -q --no-deps --no-binary deepspeed "deepspeed==$DEEPSPEED"
+  ds_reqs=$(tar -xOzf "$download/deepspeed-$DEEPSPEED.tar.gz" "deepspeed-$DEEPSPEED/requirements/requirements.txt")
+  mapfile -t reqs < <(requirements | grep -v '^deepspeed')
+  mapfile -t ds < <(printf '%s\n' "$ds_reqs" | grep -v '^\s*$')
+  # pip/setuptools/wheel: the offline side upgrades them and builds suzak and DeepSpeed with them.
+  pip_dl pip "setuptools>=77" wheel "${reqs[@]}" "${ds[@]}"
+  n=$(find "$download" -maxdepth 1 -name '*.whl' | wc -l)
+  size=$(du -sh "$download" | cut -f1)
+  echo "done: $n wheels + the DeepSpeed sdist, $size in $download (flash-attn is not included: it is a CUDA source"
+  echo "build; offline installs use sdpa attention). On the machine without internet:"
+  echo "  bash setup.sh --wheels $download${path:+ --$path}"
+  exit 0
+fi
+
+if [ -n "$wheels" ]; then
+  # --- offline: every pip call below (and the isolated builds pip starts) reads DIR and nothing else -----------
+  [ -d "$wheels" ] || die "--wheels $wheels: no such folder (make it with --download-wheels on a connected machine)"
+  compgen -G "$wheels/torch-*.whl" >/dev/null || die "--wheels $wheels: no torch wheel there; is it a folder made by --download-wheels?"
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS
+  PIP_FIND_LINKS=$(cd "$wheels" && pwd)
+  echo "== offline install from $PIP_FIND_LINKS (no package index)"
+fi
 
 if [ "$use_active" = 1 ]; then
-  [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || { echo "setup.sh: --use-active but no virtualenv/conda env is active" >&2; exit 2; }
+  [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || die "--use-active but no virtualenv/conda env is active"
 else
-  py=$(command -v python3.11 || command -v python3)
-  "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup.sh: needs Python >= 3.11 ($py is older)" >&2; exit 2; }
+  "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "needs Python >= 3.11 ($py is older)"
   [ -x .venv/bin/python ] || "$py" -m venv .venv
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
-pip() { python -m pip "$@"; }
-pip install -q --upgrade pip setuptools wheel
+py=python
+pip() { python -m pip --disable-pip-version-check "$@"; }
+pip install -q --upgrade pip "setuptools>=77" wheel
 
 if [ "$path" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then path=gpu; else path=cpu; fi
 fi
-if [ "$path" = gpu ]; then torch=2.13.0 vision=0.28.0; else torch=2.14.1 vision=0.29.1; fi
+mapfile -t reqs < <(requirements)
+torch_pins=("${reqs[@]:0:2}")  # torch + torchvision: installed first, then kept by every later pip call
+[ "$path" = gpu ] && torch_pins=("${reqs[@]:0:3}")  # + torchaudio, which vllm pins too
 
-have=$(python -c 'import torch, torchvision as v; print(torch.__version__.split("+")[0], v.__version__.split("+")[0])' 2>/dev/null || true)
-if [ "$have" != "$torch $vision" ]; then
-  echo "== installing torch $torch + torchvision $vision ($path path)"
-  pip install "torch==$torch" "torchvision==$vision"
+have=$(python -c 'import torch, torchvision as v; print("torch==" + torch.__version__.split("+")[0], "torchvision==" + v.__version__.split("+")[0])' 2>/dev/null || true)
+if [ "$have" != "${torch_pins[0]} ${torch_pins[1]}" ]; then
+  echo "== installing ${torch_pins[*]} ($path path)"
+  pip install "${torch_pins[@]}"
 fi
 
 extras=""; [ "$dev" = 1 ] && extras="[dev]"
 echo "== installing suzak$extras"
-pip install -q -e ".$extras"
+pip install -q -e ".$extras" "${torch_pins[@]}"
 
 # DeepSpeed's sdist imports torch while building: build it against the torch above, with no ops compiled ahead.
 if ! python -c 'import deepspeed' >/dev/null 2>&1; then
   echo "== installing deepspeed"
-  DS_BUILD_OPS=0 pip install -q --no-build-isolation "deepspeed==0.19.8"
+  DS_BUILD_OPS=0 pip install -q --no-build-isolation "deepspeed==$DEEPSPEED" "${torch_pins[@]}"
 fi
 
 if [ "$path" = gpu ]; then
-  echo "== installing vllm 0.31.0"
-  pip install -q "vllm==0.31.0" "torch==$torch" "torchvision==$vision"
-  if ! python -c 'import flash_attn' >/dev/null 2>&1; then
-    echo "== building flash-attn (can take a while)"
-    MAX_JOBS=${MAX_JOBS:-8} pip install -q --no-build-isolation flash-attn \
+  echo "== installing vllm $VLLM"
+  pip install -q "vllm==$VLLM" "${torch_pins[@]}"
+  if python -c 'import flash_attn' >/dev/null 2>&1; then
+    :
+  elif [ -n "$wheels" ] && ! compgen -G "$wheels/flash_attn-*.whl" >/dev/null; then
+    echo "NOTE: no flash-attn wheel in $wheels: training uses sdpa attention (slower, more memory)."
+  else
+    echo "== installing flash-attn (a source build can take a while)"
+    MAX_JOBS=${MAX_JOBS:-8} pip install -q --no-build-isolation flash-attn "${torch_pins[@]}" \
       || echo "WARNING: flash-attn did not build; training falls back to sdpa attention (slower, more memory)."
   fi
 fi

@@ -1,0 +1,82 @@
+"""setup.sh: its flags, and the offline install (download the wheels, then install with no network at all)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+INSTALL_FILES = ("setup.sh", "pyproject.toml", "README.md", "src")  # what `pip install -e .` reads
+
+
+def _setup(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "setup.sh", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--wheels", "/no/such/folder"], "--wheels /no/such/folder: no such folder"),
+        (["--wheels"], "--wheels needs a folder"),
+        (["--download-wheels", "a", "--wheels", "b"], "two steps on two machines"),
+        (["--python-version", "3.12"], "--python-version only goes with --download-wheels"),
+        (["--download-wheels", "d", "--python-version", "twelve"], "must look like 3.12"),
+        (["--download-wheels", "d", "--python-version", "3.99"], "needs python3.99 (with pip)"),
+        (["--bogus"], "unknown option --bogus"),
+    ],
+)
+def test_bad_flags_are_one_line_before_anything_is_installed(args, message, tmp_path):
+    result = _setup(*args)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("setup.sh: ") and message in line and result.stdout == ""
+    assert not (ROOT / "d").exists()
+
+
+def test_wheels_folder_without_torch_is_refused(tmp_path):
+    result = _setup("--wheels", str(tmp_path))
+    assert result.returncode == 2 and "no torch wheel there" in result.stderr
+
+
+def test_help_lists_the_offline_flags():
+    result = _setup("--help")
+    assert result.returncode == 0
+    assert "--download-wheels DIR" in result.stdout and "--wheels DIR" in result.stdout
+    assert "torch 2.11.0 + torchvision 0.26.0" in result.stdout and "vllm 0.24.0" in result.stdout
+
+
+def _can_cut_the_network() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-n", "true"]).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_cut_the_network(), reason="needs `unshare -n` (root) to run the install without network")
+def test_download_then_install_with_no_network(tmp_path):
+    """The CPU path end to end: `--download-wheels` here, then `--wheels` in a fresh copy with no network (unshare -n)
+    and no pip configuration, then suzak, TRL and DeepSpeed import from the new virtualenv (~3 min, ~3 GB)."""
+    wheels = tmp_path / "wheels"
+    result = _setup("--download-wheels", str(wheels), "--no-dev", timeout=1200)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"bash setup.sh --wheels {wheels} --cpu" in result.stdout
+    assert any(wheels.glob("torch-2.14.1-*.whl")) and any(wheels.glob("deepspeed-*.tar.gz"))
+    copy = tmp_path / "clone"
+    copy.mkdir()
+    for name in INSTALL_FILES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, copy / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "CONDA"))}
+    env["PIP_CONFIG_FILE"] = os.devnull  # DIR is the only place packages can come from
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
+    offline = subprocess.run(["unshare", "-n", "bash", "setup.sh", "--wheels", str(wheels), "--cpu", "--no-dev"],
+                             cwd=copy, env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert offline.returncode == 0, offline.stdout[-3000:] + offline.stderr[-3000:]
+    assert "offline install from" in offline.stdout and "deepspeed 0.19.8" in offline.stdout
+    check = subprocess.run(["unshare", "-n", str(copy / ".venv/bin/python"), "-c",
+                            "import suzak.train, suzak.trainer, deepspeed, trl; print(trl.__version__)"],
+                           cwd=copy, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert check.returncode == 0 and check.stdout.strip().endswith("1.16.0"), check.stderr[-2000:]
