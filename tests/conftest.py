@@ -13,6 +13,29 @@ FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _vllm_on_cpu() -> None:
+    """With vLLM installed and no GPU (a scratch venv for tests/test_vllm_boundary.py), select vLLM's CPU platform.
+
+    vLLM finds no platform on a GPU-less machine with its CUDA build, and its config checks then fail. This must run
+    before anything imports vLLM's config modules (TRL's GRPOTrainer does), which bind the platform they find.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    vllm.platforms._current_platform = CpuPlatform()  # input processing only: no vLLM kernel runs in these tests
+
+
+_vllm_on_cpu()
+
+
 def run_ok(cmd: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run a command from the repo root as a user would; fail the test with its output tail if it fails."""
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -76,24 +76,31 @@ def test_first_token_reward_is_zero_one():
 
 
 def test_eval_engine_suppresses_what_training_suppressed(tiny_model_dir, tmp_path):
-    """TRL keeps <|image_pad|> out of sampled completions (the hook the self-test reads); HFEngine must too."""
+    """TRL keeps <|image_pad|> out of HF-sampled completions; suzak keeps every vision placeholder out (the set
+    the self-test reads back from the generation config); HFEngine must suppress the same."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer
 
     from suzak.eval.engine import HFEngine
     from suzak.trainer import VLMGRPOTrainer
+    from suzak.vision import VISION_PLACEHOLDERS, vision_token_ids
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True,
                       bf16=False, report_to="none", max_completion_length=2)  # fmt: skip
-    trainer = VLMGRPOTrainer(model=model, reward_funcs=[first_token_reward({"red": 0, "blue": 1})], args=args,
-                             train_dataset=color_dataset(8, seed=0), processing_class=processor)  # fmt: skip
-    assert trainer.generation_config.suppress_tokens == [model.config.image_token_id]
+    kwargs = {"model": model, "reward_funcs": [first_token_reward({"red": 0, "blue": 1})], "args": args,
+              "train_dataset": color_dataset(8, seed=0), "processing_class": processor}  # fmt: skip
+    assert GRPOTrainer(**kwargs).generation_config.suppress_tokens == [model.config.image_token_id]  # TRL's own
+    trainer = VLMGRPOTrainer(**kwargs)
+    assert (
+        trainer.generation_config.suppress_tokens == trainer.suppressed_token_ids == sorted(vision_token_ids(processor))
+    )
+    assert trainer.generation_kwargs["suppress_tokens"] == trainer.suppressed_token_ids  # what generate() is given
     engine = HFEngine(model, processor, trainer.pixel_budget, progress=False)
     assert unsuppressed_tokens(trainer, engine) == []
     engine.suppress_ids = []  # an evaluation engine that lets the policy generate placeholders
-    assert unsuppressed_tokens(trainer, engine) == ["<|image_pad|>"]
+    assert sorted(unsuppressed_tokens(trainer, engine)) == sorted(VISION_PLACEHOLDERS)
 
 
 def test_report_fails_when_evaluation_does_not_suppress():

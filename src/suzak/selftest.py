@@ -18,7 +18,8 @@ Each task runs an aligned run and a control run:
 - control: the same images shuffled across rows (labels kept), or all blank: the reward must stay at chance,
   because nothing in the pixels predicts the label.
 
-The held-out evaluation must also suppress every token TRL suppressed while sampling (``<|image_pad|>``).
+The held-out evaluation must also suppress every token training suppressed while sampling (``<|image_pad|>`` and
+the other vision placeholders).
 
 PASS means gradients flow from the answer through the language model into the vision tower, for the image that
 belongs to the prompt, and evaluation scores the policy that was trained. Run it after installing on a new
@@ -330,15 +331,15 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
 
 
 def unsuppressed_tokens(trainer, engine) -> list[str]:
-    """Tokens TRL kept out of the sampled training completions that ``engine`` would let the policy generate.
+    """Tokens training kept out of the sampled completions that ``engine`` would let the policy generate.
 
-    TRL suppresses ``<|image_pad|>`` while sampling, so the policy is never taught to avoid it and may still favour
-    it: an evaluation that does not suppress it too scores a different policy from the one trained. The tiny
-    policy here puts ~1e-4 of its mass on it after training (docs/selftest.md), so held-out accuracy alone would
-    not notice a missing suppression; this check does.
+    Training suppresses the vision placeholders (``<|image_pad|>`` …) while sampling, so the policy is never taught
+    to avoid them and may still favour them: an evaluation that does not suppress them too scores a different
+    policy from the one trained. The tiny policy here puts ~1e-4 of its mass on ``<|image_pad|>`` after training
+    (docs/selftest.md), so held-out accuracy alone would not notice a missing suppression; this check does. The
+    trained side is read from what generation is handed (HF ``suppress_tokens`` or vLLM's logit bias).
     """
-    trained = getattr(getattr(trainer, "generation_config", None), "suppress_tokens", None) or []
-    missing = sorted(set(trained) - set(engine.suppress_ids))
+    missing = sorted(set(trainer.suppressed_token_ids) - set(engine.suppress_ids))
     return trainer.processing_class.tokenizer.convert_ids_to_tokens(missing)
 
 

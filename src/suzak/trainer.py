@@ -1,11 +1,15 @@
 """``VLMGRPOTrainer``: TRL's ``GRPOTrainer`` with the pixel budget, the reward pre-flight and the pre-check report.
 
-It overrides four small hooks and calls ``super()`` in each; no TRL method is copied:
+It overrides five small hooks and calls ``super()`` in each; no TRL method is copied:
 
 - ``_generate_and_score_completions(inputs)``: the single entry point before TRL's two processor calls, vLLM
   generation and the reward kwargs. Every image of the batch (``image``, ``images`` and images inline in the
   messages) is fitted once to the budget here, so all of those see the same pixels and token counts. After TRL has
   scored the batch, its rows (from TRL's ``_logs``) go to the ``completion_listeners`` (``completions.csv``).
+- ``_generate_single_turn(prompt_ids, images, …)``: with colocated vLLM, each image's run of ``<|image_pad|>``
+  tokens is collapsed to one placeholder for the vLLM call. TRL 1.16 hands vLLM the processor-expanded prompt ids
+  and vLLM expands them a second time, silently generating from a corrupted prompt (TRL #6294, checked with vLLM
+  0.24 in tests/test_vllm_boundary.py); the training forward keeps the expanded ids.
 - ``_log_completion_extra(column, values)``: notes which ``log_extra`` columns this batch wrote.
 - ``log(logs)``: with ``log_completions``, prompts are plain text (``<image>`` for an image) while TRL builds its
   completions table: W&B types a table column from its values and rejects VLM prompts, whose content parts differ
@@ -13,6 +17,8 @@ It overrides four small hooks and calls ``super()`` in each; no TRL method is co
 - ``train()``: runs the reward pre-flight and the visual-token pre-check before step 1.
 
 The processor is configured with the same bounds, so it never resizes a fitted image again, and pads on the left.
+Generation (HF or vLLM) never samples a vision placeholder token: TRL suppresses ``<|image_pad|>`` in HF generation
+only, and a placeholder sampled by vLLM fails the training forward (image features and tokens no longer match).
 """
 
 from __future__ import annotations
@@ -26,9 +32,18 @@ from accelerate.utils import gather_object
 from PIL import Image
 from trl import GRPOTrainer
 
+from suzak import SuzakError
 from suzak.callbacks import completion_rows, image_reference, message_text
 from suzak.rewards import preflight
-from suzak.vision import PixelBudget, configure_processor, pad_left, precheck
+from suzak.vision import (
+    PixelBudget,
+    collapse_runs,
+    configure_processor,
+    pad_left,
+    precheck,
+    processor_bounds,
+    vision_token_ids,
+)
 
 __all__ = ["VLMGRPOTrainer", "fit_row_images"]
 
@@ -99,6 +114,33 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._batch_extra_columns: set[str] = set()
         configure_processor(self.processing_class, self.pixel_budget)
         pad_left(self.processing_class)
+        self._suppress_vision_tokens()
+
+    def _suppress_vision_tokens(self) -> None:
+        """Keep the vision placeholders (``suzak.vision.VISION_PLACEHOLDERS``) out of every sampled completion.
+
+        The same ids the evaluation engines suppress: with HF generation they join TRL's ``suppress_tokens``; with
+        vLLM (colocate or server) they get a -100 logit bias, which vLLM also accepts over its OpenAI API.
+        """
+        ids = vision_token_ids(self.processing_class)
+        if not ids:
+            return
+        if self.use_vllm:
+            kwargs = dict(self.vllm_generation.generation_kwargs)  # a copy: never the user's args.generation_kwargs
+            kwargs["logit_bias"] = {**dict.fromkeys(ids, -100.0), **(kwargs.get("logit_bias") or {})}
+            self.vllm_generation.generation_kwargs = kwargs
+        else:
+            suppressed = sorted(set(self.generation_config.suppress_tokens or []) | set(ids))
+            self.generation_config.suppress_tokens = suppressed
+            self.generation_kwargs["suppress_tokens"] = suppressed
+
+    @property
+    def suppressed_token_ids(self) -> list[int]:
+        """Token ids the trainer's generation can never sample, read from what TRL hands HF generate or vLLM."""
+        if self.use_vllm:
+            bias = self.vllm_generation.generation_kwargs.get("logit_bias") or {}
+            return sorted(int(token) for token, value in bias.items() if value <= -100)
+        return sorted(self.generation_config.suppress_tokens or [])
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_extra_columns.clear()
@@ -106,6 +148,14 @@ class VLMGRPOTrainer(GRPOTrainer):
         if self.model.training and self.completion_listeners:
             self._publish_completions(inputs)
         return output
+
+    def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
+        if self.use_vllm and self.vllm_mode == "colocate" and images is not None:
+            # vLLM expands each image's single placeholder itself; the server mode instead places precomputed image
+            # features on the runs of image tokens, so it keeps the expanded ids.
+            token = self.processing_class.image_token_id
+            prompt_ids = [collapse_runs(list(ids), token) for ids in prompt_ids]
+        return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
 
     def _log_completion_extra(self, column: str, values: list):
         self._batch_extra_columns.add(column)
@@ -136,8 +186,10 @@ class VLMGRPOTrainer(GRPOTrainer):
         return super().train(*args, **kwargs)
 
     def run_pre_checks(self) -> None:
-        """Reward pre-flight (stops the run on a reward/format mismatch) and the visual-token report."""
+        """Reward pre-flight (stops the run on a reward/format mismatch), vLLM's image bounds, the visual-token report."""
         dataset = self.train_dataset
+        if self.use_vllm and ("image" in dataset.column_names or "images" in dataset.column_names):
+            self.check_vllm_bounds()
         if self.answer_format is not None:
             weights = self.args.reward_weights
             preflight(
@@ -155,3 +207,30 @@ class VLMGRPOTrainer(GRPOTrainer):
                 context_length=context,
                 num_rows=self.precheck_rows,
             )
+
+    def check_vllm_bounds(self) -> None:
+        """Stop before step 1 when vLLM would resize the images the trainer fitted to the budget.
+
+        TRL starts vLLM on the model's folder with no processor settings, so vLLM resizes images into the bounds of
+        the processor config saved there (Qwen's Hub checkpoints: 3136..12845056 pixels). A budget reaching past
+        them makes vLLM generate from an image of another size than the one trained on, without an error (seen
+        with vLLM 0.24: tests/test_vllm_boundary.py).
+        """
+        from transformers import AutoProcessor
+
+        path = self.model.name_or_path  # the folder TRL starts vLLM on
+        try:
+            bounds = processor_bounds(AutoProcessor.from_pretrained(path))
+        except (OSError, ValueError) as error:
+            logger.warning("use_vllm: cannot read vLLM's processor bounds from %s (%s); not checked", path, error)
+            return
+        if bounds is None or self.pixel_budget.within(*bounds):
+            return
+        budget = self.pixel_budget
+        raise SuzakError(
+            f"use_vllm: vLLM resizes images into {bounds[0]}..{bounds[1]} pixels (the processor config saved in "
+            f"{path}) but the pixel budget is {budget.min_pixels}..{budget.max_pixels}: vLLM would generate from "
+            f"other image sizes than training uses. Set min_pixels >= {bounds[0]} and max_pixels <= {bounds[1]}, or "
+            "save the model's processor with the budget's bounds"
+            + (" (and start the vLLM server on that folder)" if self.vllm_mode == "server" else "")
+        )

@@ -29,15 +29,19 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
     "FACTOR",
+    "VISION_PLACEHOLDERS",
     "PixelBudget",
+    "collapse_runs",
     "configure_processor",
     "fit_image",
     "images_of",
     "pad_left",
     "precheck",
+    "processor_bounds",
     "prompt_tokens",
     "smart_resize",
     "to_rgb",
+    "vision_token_ids",
     "visual_tokens",
 ]
 
@@ -46,6 +50,10 @@ logger = logging.getLogger(__name__)
 FACTOR = 28  # patch 14 × spatial merge 2: one visual token per 28×28 pixels (Qwen2-VL and Qwen2.5-VL)
 DEFAULT_MIN_PIXELS = 3136  # 4 tokens
 DEFAULT_MAX_PIXELS = 401408  # 512 tokens, R1-V's CLEVR setting
+
+# Qwen2-VL / Qwen2.5-VL tokens that stand for pixels in a prompt: a policy must never generate them (a sampled
+# <|image_pad|> has no image feature, and the training forward fails on the mismatch).
+VISION_PLACEHOLDERS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,17 @@ class PixelBudget:
 
     def fit(self, image: Image.Image) -> Image.Image:
         return fit_image(image, self.min_pixels, self.max_pixels)
+
+    def within(self, min_pixels: int, max_pixels: int) -> bool:
+        """True when a processor resizing into [min_pixels, max_pixels] leaves every fitted image as it is.
+
+        A fitted image's area lies in [self.min_pixels, self.max_pixels] and its sides are multiples of 28, so
+        another ``smart_resize`` keeps it exactly when those bounds contain the budget's.
+
+        >>> PixelBudget(3136, 401408).within(3136, 12845056), PixelBudget(3136, 1003520).within(3136, 401408)
+        (True, False)
+        """
+        return min_pixels <= self.min_pixels and self.max_pixels <= max_pixels
 
 
 def smart_resize(
@@ -168,6 +187,34 @@ def pad_left(processing_class: Any) -> Any:
     if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return processing_class
+
+
+def processor_bounds(processor: Any) -> tuple[int, int] | None:
+    """(min_pixels, max_pixels) an image processor (or a processor holding one) resizes into; None if it has none."""
+    sub = getattr(processor, "image_processor", processor)
+    size = getattr(sub, "size", None) or {}
+    low = size.get("shortest_edge", getattr(sub, "min_pixels", None))
+    high = size.get("longest_edge", getattr(sub, "max_pixels", None))
+    return (int(low), int(high)) if low is not None and high is not None else None
+
+
+def vision_token_ids(processing_class: Any) -> list[int]:
+    """Ids of the vision placeholder tokens this tokenizer has (none for a text-only tokenizer)."""
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    vocab = tokenizer.get_vocab()
+    return [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
+
+
+def collapse_runs(ids: list[int], token_id: int) -> list[int]:
+    """``ids`` with every run of ``token_id`` shortened to one token: an image placeholder before expansion.
+
+    The HF processor expands each image's ``<|image_pad|>`` into one token per visual token. vLLM expands
+    placeholders itself, so a prompt that is already expanded gets expanded again (TRL #6294).
+
+    >>> collapse_runs([1, 7, 7, 7, 2, 7, 7, 3], 7)
+    [1, 7, 2, 7, 3]
+    """
+    return [t for i, t in enumerate(ids) if t != token_id or i == 0 or ids[i - 1] != token_id]
 
 
 def prompt_tokens(tokenizer: Any, text: str, images: list[Image.Image], budget: PixelBudget) -> int:

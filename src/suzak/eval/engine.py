@@ -9,8 +9,8 @@ Both take rows as the data builders produce them (``prompt`` in TRL's conversati
 
 Images are fitted to the pixel budget before any processor sees them (as in training), batches are built from
 prompts of similar length (longest first, so an out-of-memory shows at once) and the vision placeholder tokens are
-suppressed while decoding: TRL suppresses ``<|image_pad|>`` during training, and a policy trained that way can
-still favour it under plain decoding (../docs/evaluate.md).
+suppressed while decoding, the same ids training suppresses (``suzak.trainer``): a policy trained under that
+suppression can still favour them under plain decoding (../docs/evaluate.md).
 """
 
 from __future__ import annotations
@@ -25,27 +25,25 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.vision import PixelBudget, configure_processor, images_of, pad_left, prompt_tokens
+from suzak.vision import (
+    VISION_PLACEHOLDERS,
+    PixelBudget,
+    configure_processor,
+    images_of,
+    pad_left,
+    prompt_tokens,
+    vision_token_ids,
+)
 
 __all__ = ["VISION_PLACEHOLDERS", "HFEngine", "VLLMEngine", "length_batches", "vision_token_ids"]
 
 logger = logging.getLogger(__name__)
-
-# Qwen2-VL / Qwen2.5-VL tokens that stand for pixels in a prompt and must never be generated.
-VISION_PLACEHOLDERS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
 
 OnBatch = Callable[[list[int], list[str]], None]
 
 
 def _tokenizer(processing_class: Any) -> Any:
     return getattr(processing_class, "tokenizer", processing_class)
-
-
-def vision_token_ids(processing_class: Any) -> list[int]:
-    """Ids of the vision placeholder tokens this tokenizer has (none for a text-only tokenizer)."""
-    tokenizer = _tokenizer(processing_class)
-    vocab = tokenizer.get_vocab()
-    return [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -196,17 +194,24 @@ class VLLMEngine(_BatchedEngine):
             self._vllm_module = import_vllm()
         return self._vllm_module
 
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``vllm.LLM`` (also valid for ``vllm.EngineArgs``): the model and the pixel budget.
+
+        ``mm_processor_kwargs`` makes vLLM's own processor resize into the budget's bounds, whatever bounds the
+        checkpoint's processor config was saved with; the images arrive already fitted, so it leaves them as they
+        are and its visual tokens equal the HF engine's (tests/test_vllm_boundary.py checks this against vLLM).
+        """
+        kwargs: dict[str, Any] = {"model": self.model_path}
+        if self.max_images_per_prompt > 0:  # text-only runs pass no multimodal settings
+            kwargs["limit_mm_per_prompt"] = {"image": self.max_images_per_prompt}
+            kwargs["mm_processor_kwargs"] = {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels}
+        return kwargs | self.llm_kwargs
+
     @property
     def llm(self) -> Any:
         """The ``vllm.LLM``, built on first use (loading it takes the GPU)."""
         if self._llm is None:
-            images = {}
-            if self.max_images_per_prompt > 0:  # text-only runs pass no multimodal settings
-                images = {
-                    "limit_mm_per_prompt": {"image": self.max_images_per_prompt},
-                    "mm_processor_kwargs": {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels},
-                }
-            self._llm = self.vllm.LLM(model=self.model_path, **images, **self.llm_kwargs)
+            self._llm = self.vllm.LLM(**self.engine_kwargs())
         return self._llm
 
     def request(self, row: dict, prompt: str | None = None) -> dict:

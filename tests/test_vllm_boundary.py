@@ -1,0 +1,122 @@
+"""suzak against the real vLLM: what vLLM's own input processing makes of the requests suzak and TRL send it.
+
+Skipped where vLLM is not installed (CI and the CPU install). It runs in a GPU install, and on any machine in a
+virtualenv with the GPU path's pins (docs/benchmarks.md, "vLLM boundary tests"): without a GPU, tests/conftest.py
+puts vLLM on its CPU platform, which is enough for vLLM's input processing (tokenizer, multimodal processor, sampling-parameter
+checks). Generation itself needs the GPU (bench/bench_grpo_speed.py, bench/bench_eval_speed.py).
+
+What it pins down, on the tiny model and 8 mixed image sizes:
+- evaluation (``VLLMEngine``): vLLM turns each request into exactly the prompt ids the HF engine feeds the model,
+  with the budget's visual tokens, for budgets inside and outside the checkpoint's saved processor bounds;
+- training (TRL's colocate call): processor-expanded prompt ids are expanded a second time by vLLM (TRL #6294);
+  collapsed by suzak's trainer, vLLM rebuilds exactly the training prompt; and where the budget reaches past the
+  saved bounds vLLM silently resizes, which ``VLMGRPOTrainer.check_vllm_bounds`` stops before step 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+from transformers import AutoProcessor
+
+from suzak.eval.engine import VLLMEngine
+from suzak.prompts import build_conversation, render_prompt
+from suzak.vision import PixelBudget, collapse_runs, configure_processor, pad_left, processor_bounds, vision_token_ids
+
+vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path only")
+
+SIZES = [(320, 240), (480, 320), (640, 480), (1000, 1000), (100, 700), (700, 100), (50, 50), (2000, 1500)]  # (w, h)
+INSIDE = PixelBudget(3136, 401408)  # the tiny model's saved processor bounds
+OUTSIDE = PixelBudget(3136, 1003520)  # reaches past them
+
+
+@pytest.fixture(scope="module")
+def input_processor():
+    """``make(**engine_args)``: vLLM's request processor for an ``EngineArgs`` (vLLM's own config checks run too)."""
+    from vllm.engine.arg_utils import EngineArgs  # without a GPU, on the CPU platform tests/conftest.py selects
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    def make(**engine_args):
+        return InputProcessor(EngineArgs(max_model_len=8192, **engine_args).create_engine_config())
+
+    return make
+
+
+def _rows():
+    return [{"prompt": build_conversation(render_prompt("r1v_eval", f"How many items in scene {i}?")),
+             "image": Image.new("RGB", size, (30 * i, 90, 200))} for i, size in enumerate(SIZES)]  # fmt: skip
+
+
+def _processed(processor, request, params, key="r"):
+    return processor.process_inputs(key, request, params, ("generate",))
+
+
+@pytest.mark.parametrize("budget", [INSIDE, OUTSIDE], ids=["inside-saved-bounds", "outside-saved-bounds"])
+def test_eval_requests_become_the_hf_engines_prompts(input_processor, tiny_model_dir, budget):
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    engine = VLLMEngine(str(tiny_model_dir), processor, budget, vllm_module=vllm, progress=False)
+    vllm_inputs = input_processor(**engine.engine_kwargs())
+    params = engine.sampling_params(0.0, None)
+    for i, row in enumerate(_rows()):
+        request = _processed(vllm_inputs, engine.request(row), params, str(i))
+        (image,) = engine.fitted_images(row)
+        hf_ids = processor(text=[engine.prompt_text(row)], images=[image], return_tensors="pt")["input_ids"][0]
+        assert request.mm_features[0].mm_position.length == budget.tokens(*reversed(SIZES[i]))
+        assert list(request.prompt_token_ids) == hf_ids.tolist()
+
+
+def test_sampling_params_are_vllms(input_processor, tiny_model_dir):
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    engine = VLLMEngine(str(tiny_model_dir), processor, INSIDE, max_new_tokens=7, repetition_penalty=1.05,
+                        vllm_module=vllm, progress=False)  # fmt: skip
+    greedy, sampled = engine.sampling_params(0.0, None), engine.sampling_params(1.0, 3)
+    assert isinstance(sampled, vllm.SamplingParams)
+    assert set(sampled.logit_bias) == set(vision_token_ids(processor)) and set(sampled.logit_bias.values()) == {-100.0}
+    assert (sampled.temperature, sampled.seed, sampled.max_tokens, sampled.repetition_penalty) == (1.0, 3, 7, 1.05)
+    assert greedy.temperature == 0.0 and greedy.skip_special_tokens
+    vllm_inputs = input_processor(**engine.engine_kwargs())
+    for params in (greedy, sampled):  # vLLM validates the bias's token ids against the vocabulary here
+        _processed(vllm_inputs, engine.request(_rows()[0]), params)
+
+
+def _training_prompt_ids(processor, budget: PixelBudget, row: dict) -> tuple[list[int], Image.Image]:
+    """The prompt ids TRL trains on: its processor call on the fitted image (suzak's trainer configures both)."""
+    configure_processor(processor, budget)
+    pad_left(processor)
+    image = budget.fit(row["image"])
+    conversation = [[{**m, "content": [{**p, "image": image} if p.get("type") == "image" else p for p in m["content"]]}
+                     for m in row["prompt"]]]  # fmt: skip
+    tokens = processor.apply_chat_template(conversation=conversation, add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)  # fmt: skip
+    return list(tokens["input_ids"][0]), image
+
+
+def test_colocate_prompts_collapsed_by_the_trainer_expand_to_the_training_prompt(input_processor, tiny_model_dir):
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    vllm_inputs = input_processor(model=str(tiny_model_dir))  # as TRL starts it: no processor settings
+    params = vllm.SamplingParams(max_tokens=4, logit_bias=dict.fromkeys(vision_token_ids(processor), -100.0))
+    pad = processor.image_token_id
+    for i, row in enumerate(_rows()):
+        ids, image = _training_prompt_ids(processor, INSIDE, row)
+        given = _processed(vllm_inputs, {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}, params)
+        assert len(given.prompt_token_ids) > len(ids)  # TRL's own call: expanded twice (TRL #6294)
+        fixed = _processed(vllm_inputs, {"prompt_token_ids": collapse_runs(ids, pad), "multi_modal_data": {"image": image}},
+                           params, str(i))  # fmt: skip
+        assert list(fixed.prompt_token_ids) == ids
+
+
+def test_saved_bounds_are_what_vllm_resizes_into(input_processor, tiny_model_dir):
+    """suzak reads the bounds vLLM uses; past them vLLM silently changes the image's token count."""
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    vllm_inputs = input_processor(model=str(tiny_model_dir))
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    vllm_processor = MULTIMODAL_REGISTRY.create_processor(vllm_inputs.model_config).info.get_hf_processor()
+    assert processor_bounds(vllm_processor) == processor_bounds(processor) == (3136, 401408)
+    assert INSIDE.within(*processor_bounds(processor)) and not OUTSIDE.within(*processor_bounds(processor))
+    pad = processor.image_token_id
+    ids, image = _training_prompt_ids(processor, OUTSIDE, _rows()[3])  # 1000x1000: 1225 tokens under OUTSIDE
+    got = _processed(vllm_inputs, {"prompt_token_ids": collapse_runs(ids, pad), "multi_modal_data": {"image": image}},
+                     vllm.SamplingParams(max_tokens=4))  # fmt: skip
+    assert ids.count(pad) == OUTSIDE.tokens(1000, 1000) == 1225
+    assert got.mm_features[0].mm_position.length == INSIDE.tokens(1000, 1000) == 484  # resized: a different image

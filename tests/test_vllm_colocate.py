@@ -1,0 +1,145 @@
+"""suzak's side of TRL's vLLM generation, on CPU: the prompts, images and sampling settings vLLM receives.
+
+TRL builds ``trl.generation.vllm_generation.VLLMGeneration`` (which starts ``vllm.LLM``) inside
+``GRPOTrainer.__init__``. Here a fake stands in for it and does what vLLM 0.24 does with a request (checked against
+the real vLLM in tests/test_vllm_boundary.py): it expands each image placeholder of the prompt ids itself, with the
+processor config saved in the model folder, and samples under the logit bias. Training then runs real GRPO steps
+through TRL's vLLM code path (weight sync, sampled logprobs, importance-sampling correction).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoProcessor
+from trl import GRPOConfig
+
+from suzak import SuzakError
+from suzak.modeling import load_model_and_processor
+from suzak.trainer import VLMGRPOTrainer
+from suzak.vision import PixelBudget, vision_token_ids
+from test_trainer import SIZES, image_dataset, length_reward
+
+BUDGET = PixelBudget(3136, 50176)
+
+
+class FakeVLLMGeneration:
+    """Stands in for TRL's ``VLLMGeneration``: vLLM's placeholder expansion and logit bias, random completions."""
+
+    instances: list = []
+
+    def __init__(self, model, accelerator, processing_class, **kwargs):
+        self.mode = kwargs["mode"]
+        self.generation_kwargs = kwargs.get("generation_kwargs") or {}
+        self.max_completion_length = kwargs["max_completion_length"]
+        self.vllm_processor = AutoProcessor.from_pretrained(model.name_or_path)  # what vLLM loads: the saved config
+        self.image_token_id = processing_class.image_token_id
+        self.vocab_size = len(processing_class.tokenizer)
+        self.syncs = 0
+        self.requests: list[tuple[list[int], list]] = []  # (prompt ids as received, images)
+        self.expanded: list[list[int]] = []  # the prompt ids vLLM would run
+        self.vllm_client = type("Client", (), {"get_server_info": lambda self: {"model_config": {
+            "logprobs_mode": "processed_logprobs"}}})()  # fmt: skip
+        FakeVLLMGeneration.instances.append(self)
+
+    def sync_weights(self):
+        self.syncs += 1
+
+    def expand(self, ids: list[int], images: list) -> list[int]:
+        """vLLM's expansion: every ``<|image_pad|>`` becomes the visual tokens of the next image (its own processor)."""
+        grids = self.vllm_processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+        counts = iter((grids.prod(dim=1) // 4).tolist())
+        out = []
+        for token in ids:
+            out += [token] * next(counts) if token == self.image_token_id else [token]
+        return out
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        generator = torch.Generator().manual_seed(len(self.requests))
+        banned = {int(t) for t, bias in (self.generation_kwargs.get("logit_bias") or {}).items() if bias <= -100}
+        allowed = torch.tensor([t for t in range(self.vocab_size) if t not in banned])
+        completions, logprobs = [], []
+        for ids, imgs in zip(prompts, images or [None] * len(prompts), strict=True):
+            self.requests.append((list(ids), imgs))
+            colocate = self.mode == "colocate"  # the server instead places its image features on the runs of pads
+            self.expanded.append(self.expand(list(ids), imgs) if imgs and colocate else list(ids))
+            length = int(torch.randint(1, self.max_completion_length + 1, (1,), generator=generator))
+            completions.append(allowed[torch.randint(len(allowed), (length,), generator=generator)].tolist())
+            logprobs.append([[-2.0]] * length)
+        return prompts, completions, logprobs, None
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    import trl.trainer.grpo_trainer as grpo_trainer
+
+    FakeVLLMGeneration.instances.clear()
+    monkeypatch.setattr(grpo_trainer, "VLLMGeneration", FakeVLLMGeneration)
+    return FakeVLLMGeneration.instances
+
+
+def _trainer(tiny_model_dir, tmp_path, budget=BUDGET, **config):
+    from trl import ModelConfig
+
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(tiny_model_dir)),
+                                                GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False))  # fmt: skip
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_steps=2,
+                      max_completion_length=6, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none",
+                      logging_steps=1, save_strategy="no", use_vllm=True, **config)  # fmt: skip
+    return VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=image_dataset(8),
+                          processing_class=processor, pixel_budget=budget, preflight_rows=0)  # fmt: skip
+
+
+def test_colocate_gets_unexpanded_prompts_that_expand_to_the_training_ids(fake_vllm, tiny_model_dir, tmp_path):
+    user_kwargs = {"logit_bias": {7: 1.5}}
+    trainer = _trainer(tiny_model_dir, tmp_path, vllm_mode="colocate", generation_kwargs=user_kwargs)
+    captured = []
+    original = trainer._tokenize_prompts
+    trainer._tokenize_prompts = lambda prompts: captured.append(original(prompts)) or captured[-1]
+    trainer.train()
+    (vllm,) = fake_vllm
+    assert trainer.state.global_step == 2 and vllm.syncs == 2
+    training_ids = [list(ids) for prompt_ids, _, _ in captured for ids in prompt_ids]
+    assert len(vllm.requests) == len(training_ids) == 8  # 2 steps x 4 completions (2 prompts x 2 generations)
+    pad = trainer.processing_class.image_token_id
+    for (ids, images), expanded, trained in zip(vllm.requests, vllm.expanded, training_ids, strict=True):
+        assert ids.count(pad) == len(images) == 1  # one placeholder per image, as vLLM expects
+        assert expanded == trained  # vLLM's own expansion rebuilds exactly the prompt the policy is trained on
+        (image,) = images
+        assert BUDGET.size(image.height, image.width) == (image.height, image.width)  # fitted before vLLM
+    assert {BUDGET.tokens(h, w) for w, h in SIZES} >= {e.count(pad) for e in vllm.expanded}
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_vision_placeholders_are_banned_in_vllm_sampling(fake_vllm, tiny_model_dir, tmp_path):
+    user_kwargs = {"logit_bias": {7: 1.5}, "min_tokens": 2}
+    trainer = _trainer(tiny_model_dir, tmp_path, vllm_mode="colocate", generation_kwargs=user_kwargs)
+    (vllm,) = fake_vllm
+    ids = vision_token_ids(trainer.processing_class)
+    assert vllm.generation_kwargs["logit_bias"] == {**dict.fromkeys(ids, -100.0), 7: 1.5}
+    assert vllm.generation_kwargs["min_tokens"] == 2
+    assert user_kwargs == {"logit_bias": {7: 1.5}, "min_tokens": 2}  # the recipe's own mapping is not modified
+    assert trainer.suppressed_token_ids == sorted(ids)
+    trainer.train()
+    completions = [c for step in trainer._logs["completion"] for c in [step]]
+    assert completions  # the fake sampled under the bias: no placeholder reached the training forward
+
+
+def test_server_mode_keeps_expanded_prompts(fake_vllm, tiny_model_dir, tmp_path):
+    """The server path places precomputed image features on the runs of image tokens: it needs them expanded."""
+    trainer = _trainer(tiny_model_dir, tmp_path, vllm_mode="server")
+    trainer.args.max_steps = 1
+    trainer.train()
+    (vllm,) = fake_vllm
+    pad = trainer.processing_class.image_token_id
+    for ids, (image,) in vllm.requests:
+        assert ids.count(pad) == BUDGET.tokens(image.height, image.width)
+
+
+def test_budget_outside_the_model_folders_processor_bounds_stops_before_step_1(fake_vllm, tiny_model_dir, tmp_path):
+    """The tiny model's saved processor resizes into 3136..401408 pixels: vLLM would shrink bigger budgets."""
+    trainer = _trainer(tiny_model_dir, tmp_path, budget=PixelBudget(3136, 1003520), vllm_mode="colocate")
+    with pytest.raises(SuzakError, match=r"vLLM resizes images into 3136\.\.401408 pixels .* max_pixels <= 401408"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and fake_vllm[0].requests == []
