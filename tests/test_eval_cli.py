@@ -83,6 +83,20 @@ def test_geoqa_script_from_src_eval(tiny_model_dir, eval_fixture_dir, tmp_path):
     assert (rescored.accuracy, rescored.other_accuracy) == (data["accuracy"], data["other_accuracy"])
 
 
+def test_geoqa_multigpu_script_runs_one_cpu_process(tiny_model_dir, eval_fixture_dir, tmp_path):
+    """R1-V's multi-GPU command line, unchanged, on a machine without a GPU: one process, R1-V's files."""
+    out = tmp_path / "multi.json"
+    args = ["test_qwen2vl_geoqa_multigpu.py", "--model_path", str(tiny_model_dir), "--batch_size", "4",
+            "--output_path", str(out), "--prompt_path", str(eval_fixture_dir / TASKS["geoqa"].prompt_path),
+            "--image_root", str(eval_fixture_dir), "--gpu_ids", "0,1", "--max_new_tokens", "6"]  # fmt: skip
+    proc = _run(args, cwd=EVAL_DIR)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no CUDA GPU: evaluating in one process on the CPU (--gpu_ids 0,1 ignored)" in proc.stderr
+    check_results(out, 6, scoring="r1v", other="strict")
+    assert "batch_size=4" in (tmp_path / "multi.md").read_text()
+    assert len(ACCURACY_LINE.findall(proc.stdout)) == 1
+
+
 def test_missing_image_stops_the_run(eval_fixture_dir, tmp_path, monkeypatch):
     """Run where the images are not: one clear line naming the first missing path and the count, no model load."""
     (tmp_path / "prompts").mkdir()
