@@ -17,12 +17,14 @@ from suzak.eval import cli
 from suzak.eval.engine import HFEngine
 from suzak.eval.models import load_eval_model, merged_model_dir
 from suzak.eval.report import accuracy
+from suzak.eval.rescore import rescore_file
 from suzak.eval.runner import Distributed, EvalConfig, evaluate, run_pass
 from suzak.eval.tasks import CLEVR_HELDOUT_SEED, TASKS, get_task, load_items
 
 EVAL_DIR = Path(__file__).resolve().parents[1] / "src" / "eval"
 RESULT_KEYS = {"question", "ground_truth", "model_output", "extracted_answer", "is_correct"}
 ACCURACY_LINE = re.compile(r"^Accuracy: (\d+\.\d\d)%$", re.MULTILINE)
+FILE_KEYS = ["accuracy", "scoring", "other_scoring", "other_accuracy", "results"]  # R1-V's two keys + the rules
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -30,13 +32,17 @@ def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.Completed
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def check_results(path: Path, n: int) -> dict:
-    """R1-V's schema, and accuracy == 100 · mean(is_correct)."""
+def check_results(path: Path, n: int, scoring: str = "strict", other: str | None = "r1v") -> dict:
+    """R1-V's schema plus both rules' verdicts; accuracy == 100 · mean(is_correct) under ``scoring``."""
     data = json.loads(path.read_text())
-    assert set(data) == {"accuracy", "results"}
+    assert list(data) == FILE_KEYS and (data["scoring"], data["other_scoring"]) == (scoring, other)
     assert len(data["results"]) == n
-    assert all(set(r) == RESULT_KEYS and isinstance(r["is_correct"], bool) for r in data["results"])
+    flags = {f"is_correct_{rule}" for rule in (scoring, other) if rule}
+    assert all(set(r) == RESULT_KEYS | flags and isinstance(r["is_correct"], bool) for r in data["results"])
+    assert all(r["is_correct"] == r[f"is_correct_{scoring}"] for r in data["results"])
     assert data["accuracy"] == pytest.approx(100 * sum(r["is_correct"] for r in data["results"]) / n)
+    if other:
+        assert data["other_accuracy"] == pytest.approx(100 * sum(r[f"is_correct_{other}"] for r in data["results"]) / n)
     assert not list(path.parent.glob(path.name + ".partial*"))  # finished runs leave no partial file
     return data
 
@@ -48,13 +54,15 @@ def test_superclevr_script_with_r1v_defaults_and_seeds(tiny_model_dir, eval_fixt
             "--batch_size", "3", "--max_new_tokens", "6", "--limit", "5", "--seeds", "0", "1", "--output_path", str(out)]  # fmt: skip
     proc = _run(args, cwd=eval_fixture_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = check_results(out, 5)
+    data = check_results(out, 5, scoring="r1v", other="strict")  # R1-V's script: R1-V's rule by default
     assert float(ACCURACY_LINE.findall(proc.stdout)[-1]) == pytest.approx(data["accuracy"], abs=0.005)
+    assert re.search(r"^strict scoring \(suzak's rule.*\): \d+\.\d\d%$", proc.stdout, re.MULTILINE)
     assert data["results"][0]["question"]["image_path"] == "./images/superCLEVR_new_025000.png"
     for seed in (0, 1):
-        check_results(tmp_path / f"sc.seed{seed}.json", 5)
+        check_results(tmp_path / f"sc.seed{seed}.json", 5, scoring="r1v", other="strict")
     summary = (tmp_path / "sc.md").read_text()
-    assert "(mean ± std)" in summary and "48.00 | 82.50" in summary and "**(UNVERIFIED)**" in summary
+    assert "(mean ± std)" in summary and "**(UNVERIFIED)**" in summary
+    assert f"48.00 | 82.50 | {data['accuracy']:.2f} |" in summary  # published numbers beside the r1v figure
     assert "template=r1v_eval" in summary and "max_new_tokens=6" in summary
     assert "Sampled accuracy over 2 seed(s)" in proc.stdout
 
@@ -66,11 +74,27 @@ def test_geoqa_script_from_src_eval(tiny_model_dir, eval_fixture_dir, tmp_path):
             "--output_path", str(out)]  # fmt: skip
     proc = _run(args, cwd=EVAL_DIR)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = check_results(out, 6)
+    data = check_results(out, 6, scoring="r1v", other="strict")
     assert data["results"][0]["ground_truth"] == "100°"
     assert ACCURACY_LINE.search(proc.stdout)
     summary = (tmp_path / "geoqa.md").read_text()
     assert "30.63 | 38.72" in summary and "35.41 | 47.48" in summary and "template=r1v_geoqa" in summary
+    rescored = rescore_file(out, "geoqa")  # the file re-scores to its own figures
+    assert (rescored.accuracy, rescored.other_accuracy) == (data["accuracy"], data["other_accuracy"])
+
+
+def test_geoqa_multigpu_script_runs_one_cpu_process(tiny_model_dir, eval_fixture_dir, tmp_path):
+    """R1-V's multi-GPU command line, unchanged, on a machine without a GPU: one process, R1-V's files."""
+    out = tmp_path / "multi.json"
+    args = ["test_qwen2vl_geoqa_multigpu.py", "--model_path", str(tiny_model_dir), "--batch_size", "4",
+            "--output_path", str(out), "--prompt_path", str(eval_fixture_dir / TASKS["geoqa"].prompt_path),
+            "--image_root", str(eval_fixture_dir), "--gpu_ids", "0,1", "--max_new_tokens", "6"]  # fmt: skip
+    proc = _run(args, cwd=EVAL_DIR)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no CUDA GPU: evaluating in one process on the CPU (--gpu_ids 0,1 ignored)" in proc.stderr
+    check_results(out, 6, scoring="r1v", other="strict")
+    assert "batch_size=4" in (tmp_path / "multi.md").read_text()
+    assert len(ACCURACY_LINE.findall(proc.stdout)) == 1
 
 
 def test_missing_image_stops_the_run(eval_fixture_dir, tmp_path, monkeypatch):
@@ -91,7 +115,7 @@ def test_clevr_synthetic_via_python_m(tiny_model_dir, tmp_path):
             "--batch_size", "4", "--max_new_tokens", "6", "--output_path", str(out)]  # fmt: skip
     proc = _run(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = check_results(out, 4)
+    data = check_results(out, 4)  # python -m suzak.eval: strict by default, r1v beside it
     assert {r["question"]["seed"] for r in data["results"]} == {CLEVR_HELDOUT_SEED}
     assert "Published reference numbers" not in (tmp_path / "cs.md").read_text()  # none exist for this task
 
@@ -100,11 +124,13 @@ def test_gsm8k_task(tiny_model_dir, gsm8k_jsonl, tmp_path, capsys):
     out = tmp_path / "gsm8k.json"
     cli.main(["gsm8k", "--model_path", str(tiny_model_dir), "--prompt_path", str(gsm8k_jsonl), "--batch_size", "4",
               "--max_new_tokens", "6", "--limit", "3", "--output_path", str(out), "--no_progress"])  # fmt: skip
-    data = check_results(out, 3)
+    data = check_results(out, 3, other=None)  # GSM8K has one rule
     first = data["results"][0]
     assert set(first["question"]) == {"question", "answer"}
     assert first["ground_truth"] == first["question"]["answer"].split("#### ")[-1].replace(",", "")
     assert ACCURACY_LINE.search(capsys.readouterr().out)
+    with pytest.raises(SystemExit, match=r"^error: gsm8k has no 'r1v' scoring rule \(R1-V never evaluated GSM8K"):
+        cli.main(["gsm8k", "--model_path", "no-such-model", "--prompt_path", str(gsm8k_jsonl), "--scoring", "r1v"])
 
 
 class CrashAfter:

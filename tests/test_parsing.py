@@ -15,6 +15,9 @@ from suzak.parsing import (
     parse_gsm8k_answer,
     parse_int_answer,
     parse_number,
+    r1v_accuracy,
+    r1v_count,
+    r1v_math_verify,
 )
 
 GSM8K_NATALIA = (
@@ -286,3 +289,60 @@ def test_math_equal(completion, solution, expected):
 def test_math_equal_bad_gold_raises():
     with pytest.raises(ValueError):
         math_equal("<answer>3</answer>", "<answer> </answer>")
+
+
+# --- R1-V's rules ----------------------------------------------------------------------------------------------------
+# The eval rules are tabled with their gold answers in tests/test_eval_scoring.py; here the parsers themselves.
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<answer> 4 </answer>", 4),
+        ("<answer>\n4\n</answer>", 4),
+        ("<answer>2</answer> no, <answer>4</answer>", 2),  # the first tag
+        ("<answer>two</answer> no, <answer>4</answer>", 4),  # the first tag holding a bare number
+        ("<answer>٤</answer>", 4),  # any Unicode decimal digit
+        ("<answer>４２</answer>", 42),
+        ("<answer>4.0</answer>", None),
+        ("<answer>+4</answer>", None),
+        ("<answer>four</answer>", None),
+        ("4", None),
+    ],
+)
+def test_r1v_count(text, expected):
+    assert r1v_count(text) == expected
+
+
+def test_r1v_math_verify_reads_the_whole_output():
+    assert r1v_math_verify("<think>x = 7</think> <answer> C </answer>", "7") == ("7", True)
+    assert r1v_math_verify("<answer> 5 </answer> <answer> 3 </answer>", "3") == ("3", True)  # the rightmost number
+    assert r1v_math_verify("$\\boxed{5}$ <answer> 3 </answer>", "5") == ("5", True)  # math-verify's priorities
+    assert r1v_math_verify("<answer> 2 </answer>", "√{3}") == ("2", False)  # a gold R1-V's parse cannot read: 0
+
+
+@pytest.mark.parametrize(
+    ("completion", "solution", "expected"),
+    [
+        ("<think>I see 3 cubes</think> <answer> 3 </answer>", "<answer> 3 </answer>", True),
+        ("<answer> 3.0 </answer>", "<answer> 3 </answer>", True),  # math-verify: 3.0 == 3
+        ("<answer>\n3\n</answer>", "<answer> 3 </answer>", True),
+        ("<answer>140°</answer>", "<answer> 140° </answer>", True),  # math-verify misses it, the string match not
+        ("<answer>C</answer>", "<answer> C </answer>", True),
+        ("<answer> C </answer>", "C", True),  # a side without tags: its whole stripped text
+        ("3", "<answer> 3 </answer>", True),  # no tags needed: math-verify reads the bare number
+        ("There are 3 objects.", "<answer> 3 </answer>", True),
+        ("<think>I see 3 cubes</think> <answer>many</answer>", "<answer> 3 </answer>", True),  # the known hole
+        ("<answer>3</answer> <answer>2</answer>", "<answer> 3 </answer>", True),  # the first tag's string
+        ("<answer>2</answer> <answer>3</answer>", "<answer> 3 </answer>", False),
+        ("<answer>3.0</answer>", "<answer> 3 </answer>", False),  # glued: math-verify reads nothing, strings differ
+        ("<answer>three</answer>", "<answer> 3 </answer>", False),
+        ("<answer>٣</answer>", "<answer> 3 </answer>", False),  # R1-V's training reward takes no Unicode digits
+        ("<answer>\nC\n</answer>", "<answer> C </answer>", False),  # R1-V's string match stops at a newline
+        ("<think>I count 3</think> <answer> 4 </answer>", "<answer> 3 </answer>", False),  # the rightmost number
+        ("<answer>D</answer>", "C", False),
+        ("", "<answer> 3 </answer>", False),
+    ],
+)
+def test_r1v_accuracy(completion, solution, expected):
+    assert r1v_accuracy(completion, solution) is expected

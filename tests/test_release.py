@@ -59,12 +59,16 @@ def make_run_dir(root: Path, tiny_model_dir: Path) -> Path:
 
 
 def make_eval_results(root: Path) -> Path:
+    """A SuperCLEVR results file as suzak writes it: strict 3 / 4, r1v 2 / 4 (R1-V's regex misses ``3.0``)."""
     from suzak.eval.report import write_results
+    from suzak.eval.runner import result_row
+    from suzak.eval.tasks import EvalItem, get_task
 
-    results = [{"question": {"image_path": f"./images/{i}.png"}, "ground_truth": 3, "model_output": "<answer>3</answer>",
-                "extracted_answer": 3, "is_correct": i < 3} for i in range(4)]  # fmt: skip
+    outputs = ["<answer>3</answer>", "<answer> 3 </answer>", "<answer>3.0</answer>", "<answer>4</answer>"]
+    results = [result_row(get_task("superclevr"), EvalItem(i, str(i), {"image_path": f"./images/{i}.png"}, [], 3), o)
+               for i, o in enumerate(outputs)]  # fmt: skip
     path = root / "logs" / "superclevr_results_run.json"
-    write_results(path, results)
+    write_results(path, results, "strict", "r1v")
     path.with_suffix(".md").write_text("# superclevr: run\n")
     return path
 
@@ -98,11 +102,15 @@ def test_dry_run_release_with_model_card_eval_table_and_no_secret(tmp_path, tiny
     assert card.data.base_model == "Qwen/Qwen2.5-VL-3B-Instruct"
     assert card.data.datasets == ["leonardPKU/clevr_cogen_a_train"]
     assert {"suzak", "grpo", "trl"} <= set(card.data.tags) and card.data.pipeline_tag == "image-text-to-text"
-    (entry,) = card.data.eval_results
-    assert (entry.dataset_type, entry.metric_type, entry.metric_value) == ("superclevr", "accuracy", 75.0)
+    assert [(e.dataset_type, e.metric_type, e.metric_name, e.metric_value) for e in card.data.eval_results] == [
+        ("superclevr", "accuracy", "accuracy (%), strict scoring", 75.0),
+        ("superclevr", "accuracy", "accuracy (%), r1v scoring", 50.0)]  # fmt: skip
     text = card.text
-    assert "| SuperCLEVR counting, 200 questions (R1-V) | 75.00 | 3 / 4 |" in text
-    assert "| superclevr | Qwen2-VL-2B-Instruct | 48.00 | 82.50 |" in text and "**(UNVERIFIED)**" in text
+    assert "| SuperCLEVR counting, 200 questions (R1-V) | strict | 75.00 | 3 / 4 |" in text
+    assert "| SuperCLEVR counting, 200 questions (R1-V) | r1v | 50.00 | 2 / 4 |" in text
+    published = text.split("### Published reference numbers")[1].split("## Training")[0]
+    assert "| superclevr | Qwen2-VL-2B-Instruct | 48.00 | 82.50 | 50.00 |" in published  # beside the r1v figure
+    assert "75.00" not in published and "**(UNVERIFIED)**" in published
     assert "| `clevr_count` | 1.0 |" in text and "3136..50176 pixels (at most 64 visual tokens" in text
     assert (
         "CPU (" in text
@@ -158,6 +166,32 @@ def test_release_input_errors_are_one_line(tmp_path, tiny_model_dir, setup, mess
     with pytest.raises(SuzakError, match=message.replace("(", r"\(")):
         build_release(run, None, repo, evals)
     assert not (run / "release").exists()
+
+
+def test_card_rescores_files_that_do_not_name_their_rule(tmp_path):
+    """R1-V's own log (no ``scoring``): both rules from its outputs; a file of an unknown task: its accuracy, rule not
+    recorded, and no published numbers beside it."""
+    from suzak.model_card import _eval_section, load_eval_result
+
+    r1v_log = tmp_path / "superclevr_results_r1v_grpo100.json"
+    shutil.copy(ROOT / "tests" / "fixtures" / "r1v" / "counting_results_superclevr_200_qwen2vl_2b_instruct_grpo100_legacy.json",
+                r1v_log)  # fmt: skip
+    entry = load_eval_result(r1v_log, "eval/a.json")
+    assert (entry.task, entry.scores, entry.total, entry.accuracy) == (
+        "superclevr", {"r1v": (82.5, 165), "strict": (82.5, 165)}, 200, 82.5)  # fmt: skip
+    other = tmp_path / "mytask_results_run.json"
+    other.write_text(json.dumps({"accuracy": 50.0, "results": [{"is_correct": True}, {"is_correct": False}]}))
+    unknown = load_eval_result(other, "eval/b.json")
+    assert unknown.scores == {None: (50.0, 1)}
+    text = "\n".join(_eval_section([entry, unknown]))
+    assert "| SuperCLEVR counting, 200 questions (R1-V) | r1v | 82.50 | 165 / 200 |" in text
+    assert "| mytask | not recorded | 50.00 | 1 / 2 |" in text
+    assert "| superclevr | Qwen2-VL-2B-Instruct | 48.00 | 82.50 | 82.50 |" in text and "| mytask |" not in (
+        text.split("### Published")[1])  # fmt: skip
+    broken = tmp_path / "geoqa_results_old.json"
+    broken.write_text(json.dumps({"accuracy": 0.0, "results": [{"ground_truth": "1"}]}))
+    with pytest.raises(SuzakError, match=r"geoqa_results_old\.json: results\[0\] has no 'model_output'"):
+        load_eval_result(broken, "eval/c.json")
 
 
 # --- tokens and uploads --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from suzak.rewards import (
     gsm8k_format,
     math_accuracy,
     preflight,
+    r1v_accuracy,
     resolve_reward,
     resolve_rewards,
     think_format,
@@ -255,11 +256,47 @@ def test_math_accuracy_bad_gold_names_row():
         math_accuracy(["<answer>3</answer>"], solution=["<answer> </answer>"])
 
 
+# --- r1v_accuracy ------------------------------------------------------------------------------------------------
+
+
+@FORMS
+@pytest.mark.parametrize(
+    ("completion", "gold", "expected", "strict"),
+    [
+        ("<think>I count three cubes.</think> <answer> 3 </answer>", "<answer> 3 </answer>", 1.0, 1.0),
+        ("<answer>3</answer>", "<answer> 3 </answer>", 1.0, 1.0),
+        ("<think>I see 3 cubes</think> <answer>many</answer>", "<answer> 3 </answer>", 1.0, 0.0),  # the hole
+        ("There are 3 objects.", "<answer> 3 </answer>", 1.0, 0.0),
+        ("<answer>3</answer> no wait <answer>4</answer>", "<answer> 3 </answer>", 1.0, 0.0),  # the first tag
+        ("<answer>2</answer> no wait <answer>3</answer>", "<answer> 3 </answer>", 0.0, 1.0),
+        ("<answer>three</answer>", "<answer> 3 </answer>", 0.0, 1.0),
+        ("<answer>3.0</answer>", "<answer> 3 </answer>", 0.0, 1.0),
+        ("<answer>4</answer>", "<answer> 3 </answer>", 0.0, 0.0),
+        ("", "<answer> 3 </answer>", 0.0, 0.0),
+    ],
+)
+def test_r1v_accuracy(completion, gold, expected, strict, form):
+    """R1-V's training reward, beside suzak's strict clevr_count on the same completions."""
+    assert score(r1v_accuracy, completion, form, solution=[gold]) == expected
+    assert score(clevr_count, completion, form, solution=[gold]) == strict
+
+
+@pytest.mark.parametrize("gold", [None, "", "<answer> </answer>", [3]])
+def test_r1v_accuracy_bad_gold_names_row(gold):
+    with pytest.raises(ValueError, match=r"r1v_accuracy.*row 1"):
+        r1v_accuracy(["<answer>3</answer>"] * 2, solution=["<answer> 3 </answer>", gold])
+
+
+def test_r1v_accuracy_passes_the_preflight():
+    preflight(clevr_rows(), resolve_rewards(["r1v_accuracy", "think_format"]), "think_answer")
+
+
 # --- registry ----------------------------------------------------------------------------------------------------
 
 
 def test_registry_names():
-    assert set(REWARDS) == {"clevr_count", "think_format", "gsm8k_accuracy", "gsm8k_format", "math_accuracy"}
+    assert set(REWARDS) == {"clevr_count", "think_format", "gsm8k_accuracy", "gsm8k_format", "math_accuracy",
+                            "r1v_accuracy"}  # fmt: skip
     for name, func in REWARDS.items():
         assert callable(func) and func.__name__ == name
         assert resolve_reward(name) is func

@@ -3,7 +3,9 @@ the model was trained and how it scores beside the published numbers.
 
 Everything comes from files the run and the evaluation wrote: ``recipe.yaml`` and ``run_info.json`` (training
 settings, time, hardware, versions), R1-V result files from ``suzak.eval`` / ``src/eval`` (``{"accuracy",
-"results"}``) and the plot PNGs. The published reference numbers are ``suzak.eval.report.REFERENCES``.
+"results"}``) and the plot PNGs. The published reference numbers are ``suzak.eval.report.REFERENCES``; R1-V scored
+them with its own rule, so the card puts them only beside the ``r1v`` figure. A results file that does not say which
+rule scored it (R1-V's own logs, files written before suzak recorded it) is re-scored from its outputs under both.
 """
 
 from __future__ import annotations
@@ -56,13 +58,19 @@ def dataset_repos(dataset_name: str | None) -> list[str]:
 
 @dataclass
 class EvalEntry:
-    """One evaluation results file: its task, accuracy (%), counts and where it sits in the release."""
+    """One evaluation results file: its task, accuracy (%) under each scoring rule, counts and where it sits in the
+    release. ``scores`` maps a rule (``r1v``, ``strict``, or ``None`` when neither the file nor its task says) to
+    ``(accuracy, correct or None)``, the file's own rule first."""
 
     task: str
-    accuracy: float
-    correct: int | None
+    scores: dict[str | None, tuple[float, int | None]]
     total: int
     file: str  # path inside the release folder
+
+    @property
+    def accuracy(self) -> float:
+        """The file's ``accuracy`` (its first rule)."""
+        return next(iter(self.scores.values()))[0]
 
 
 def _task_of(path: Path, data: dict) -> str:
@@ -79,7 +87,11 @@ def _task_of(path: Path, data: dict) -> str:
 
 
 def load_eval_result(path: str | Path, release_name: str) -> EvalEntry:
-    """Read an R1-V results JSON (``{"accuracy": float, "results": [...]}``); a malformed file is one clear line."""
+    """Read an R1-V results JSON (``{"accuracy": float, "results": [...]}``); a malformed file is one clear line.
+
+    The figures are the file's own (``accuracy``, ``other_accuracy`` and the per-result flags) when it names its
+    ``scoring``; otherwise a known task's rules re-score its outputs, so no figure is shown under a rule it was not
+    scored with."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -88,9 +100,45 @@ def load_eval_result(path: str | Path, release_name: str) -> EvalEntry:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SuzakError(f"{path} is not an evaluation results file ({{\"accuracy\", \"results\"}}): "
                          f"{type(error).__name__}: {error}") from None  # fmt: skip
-    flags = [r.get("is_correct") for r in results if isinstance(r, dict)]
-    correct = sum(bool(f) for f in flags) if flags and None not in flags else None
-    return EvalEntry(_task_of(path, data), accuracy, correct, len(results), release_name)
+    task = _task_of(path, data)
+    if data.get("scoring"):
+        scores = _recorded_scores(data, results, accuracy)
+    elif task in _tasks():
+        scores = _rescored(path, task)
+    else:
+        scores = {None: (accuracy, _count(results, "is_correct"))}
+    return EvalEntry(task, scores, len(results), release_name)
+
+
+def _tasks() -> dict:
+    from suzak.eval.tasks import TASKS
+
+    return TASKS
+
+
+def _count(results: list, flag: str) -> int | None:
+    """How many results have ``flag`` true; None unless every result carries the flag."""
+    flags = [r.get(flag) if isinstance(r, dict) else None for r in results]
+    return sum(bool(f) for f in flags) if flags and None not in flags else None
+
+
+def _recorded_scores(data: dict, results: list, accuracy: float) -> dict:
+    scores = {str(data["scoring"]): (accuracy, _count(results, "is_correct"))}
+    other = data.get("other_scoring")
+    if other and data.get("other_accuracy") is not None:
+        scores[str(other)] = (float(data["other_accuracy"]), _count(results, f"is_correct_{other}"))
+    return scores
+
+
+def _rescored(path: Path, task: str) -> dict:
+    from suzak.eval.rescore import rescore_file
+
+    rule = "r1v" if "r1v" in _tasks()[task].rules else "strict"
+    rescored = rescore_file(path, task, rule)
+    scores = {rule: (rescored.accuracy, rescored.correct)}
+    if rescored.other_scoring is not None:
+        scores[rescored.other_scoring] = (rescored.other_accuracy, rescored.other_correct)
+    return scores
 
 
 @dataclass
@@ -116,8 +164,9 @@ def _metadata(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]):
     results = [
         EvalResult(task_type="visual-question-answering", task_name=TASKS[e.task].description if e.task in TASKS
                    else e.task, dataset_type=e.task, dataset_name=e.task, metric_type="accuracy",
-                   metric_value=round(e.accuracy, 2), metric_name="accuracy (%)")
+                   metric_value=round(value, 2), metric_name="accuracy (%)" + (f", {rule} scoring" if rule else ""))
         for e in evals
+        for rule, (value, _) in e.scores.items()
     ]  # fmt: skip
     return ModelCardData(
         base_model=hub_model_id(facts.setting("model_name_or_path")),
@@ -130,34 +179,26 @@ def _metadata(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]):
     )
 
 
-def _fmt(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"
-
-
 def _eval_section(evals: list[EvalEntry]) -> list[str]:
-    from suzak.eval.report import NOTES, references_for
-    from suzak.eval.tasks import TASKS
+    from suzak.eval.report import reference_lines
+    from suzak.eval.tasks import SCORING_RULES, TASKS
 
     if not evals:
         return ["## Evaluation", "", "No evaluation results were attached to this release "
                 "(`python -m suzak.release … --eval_results FILE`)."]  # fmt: skip
-    lines = ["## Evaluation", "", "Greedy decoding with suzak's evaluation (R1-V's protocols, `src/eval`).", "",
-             "| task | this model (%) | correct / N | results |", "|---|---|---|---|"]  # fmt: skip
+    rules = "; ".join(f"**{rule}** is {text}" for rule, text in SCORING_RULES.items())
+    lines = ["## Evaluation", "", f"Greedy decoding with suzak's evaluation (R1-V's protocols, `src/eval`). {rules}.",
+             "", "| task | scoring | this model (%) | correct / N | results |", "|---|---|---|---|---|"]  # fmt: skip
     for e in evals:
         name = TASKS[e.task].description if e.task in TASKS else e.task
-        counts = f"{e.correct} / {e.total}" if e.correct is not None else f"– / {e.total}"
-        lines.append(f"| {name} | {e.accuracy:.2f} | {counts} | [`{e.file}`]({e.file}) |")
-    references = [r for task in dict.fromkeys(e.task for e in evals) for r in references_for(task)]
-    if references:
-        lines += ["", "### Published reference numbers", "",
-                  "| task | model | base (%) | after GRPO (%) | setting | source |", "|---|---|---|---|---|---|"]  # fmt: skip
-        for r in references:
-            model = r.model if r.verified else f"{r.model} **(UNVERIFIED)**"
-            lines.append(f"| {r.task} | {model} | {_fmt(r.base)} | {_fmt(r.trained)} | {r.setting} | {r.source} |")
-        if any(not r.verified for r in references):
-            lines += ["", "UNVERIFIED: quoted in a derived README, found in none of R1-V's sources."]
-        lines += [f"- {note}" for task in dict.fromkeys(e.task for e in evals) for note in NOTES.get(task, ())]
-    return lines
+        for rule, (value, correct) in e.scores.items():
+            counts = f"{'–' if correct is None else correct} / {e.total}"
+            lines.append(f"| {name} | {rule or 'not recorded'} | {value:.2f} | {counts} | [`{e.file}`]({e.file}) |")
+    figures: dict[str, float | None] = {}
+    for e in evals:  # the first file of a task with an r1v figure stands beside that task's published numbers
+        if figures.get(e.task) is None:
+            figures[e.task] = e.scores["r1v"][0] if "r1v" in e.scores else None
+    return lines + reference_lines(figures, task_column=True, heading="###", subject="this model")
 
 
 def _rewards_table(facts: TrainingFacts) -> list[str]:

@@ -3,6 +3,12 @@
 Pure functions on strings (no torch). Rewards call them per completion; evaluation calls the same ones, so a
 training reward and an eval score can never disagree about what the model answered.
 
+Two families of rules live here. suzak's own (``parse_count``, ``math_equal``, ``parse_gsm8k_answer``): the last
+``<answer>`` tag, read strictly. And R1-V's, reproduced exactly so numbers can be compared with its published table
+(``r1v_count``, ``r1v_math_verify``: its eval scripts; ``r1v_accuracy``: its training reward). They differ on
+purpose: R1-V reads the first tag, math-verifies the whole output (a number in the reasoning can score) and takes
+any Unicode digit.
+
 >>> parse_count("<think> I see three cubes. </think> <answer> 3 </answer>")
 3
 >>> parse_gsm8k_answer("48 / 2 = 24 and 48 + 24 = 72\\n#### 72")
@@ -32,6 +38,9 @@ __all__ = [
     "parse_gsm8k_answer",
     "parse_int_answer",
     "parse_number",
+    "r1v_accuracy",
+    "r1v_count",
+    "r1v_math_verify",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,7 +58,12 @@ _NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 _NUMBER_TOKEN_RE = re.compile(r"-?\$?-?(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)")
 # openai/grade-school-math's own extractor for the gold answer (commas removed afterwards).
 _GSM8K_GOLD_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
-_THINK_FORMAT_RE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)  # R1-V's format reward
+# R1-V's format reward's pattern (R1-V full-matches the raw text; suzak strips outer whitespace first).
+_THINK_FORMAT_RE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+# R1-V's eval scripts' count: the first match; \d is any Unicode decimal digit (٣, ３), no sign, no decimals.
+_R1V_COUNT_RE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
+# R1-V's training reward reads tag contents with this: the first pair on one line ("." stops at a newline).
+_R1V_TAG_RE = re.compile(r"<answer>(.*?)</answer>")
 # math-verify's own defaults (what R1-V ran with). Its timeouts use signal.alarm, which only works in the main thread.
 _PARSE_TIMEOUT_S = 5
 _VERIFY_TIMEOUT_S = 5
@@ -154,8 +168,9 @@ def parse_int_answer(text: str) -> int | None:
 def parse_count(completion_text: str, answer_format: str = "think_answer") -> int | None:
     """The count a completion answers, in the prompt template's answer format, or None.
 
-    ``think_answer`` (R1-V): the count inside the last ``<answer>`` tag; None without the tag, as R1-V's eval
-    requires. ``plain``: the whole completion is the answer (the ``plain`` template asks for the bare value).
+    ``think_answer`` (R1-V's answer format): the count inside the last ``<answer>`` tag; None without the tag, as in
+    R1-V's eval. ``plain``: the whole completion is the answer (the ``plain`` template asks for the bare value).
+    This is suzak's strict rule; R1-V's eval reads the first tag instead (``r1v_count``).
 
     >>> parse_count("<think>...</think><answer> 4 </answer>"), parse_count("4"), parse_count("<answer>four</answer>")
     (4, None, 4)
@@ -224,7 +239,10 @@ def parse_gsm8k_answer(completion_text: str) -> Decimal | None:
 
 
 def is_think_format(text: str) -> bool:
-    """R1-V's format rule: ``<think>…</think>`` then ``<answer>…</answer>`` and nothing else (outer space allowed).
+    """R1-V's format pattern: ``<think>…</think>`` then ``<answer>…</answer>`` and nothing else.
+
+    One deliberate difference: R1-V full-matches the raw text, so a leading space or a trailing newline scores 0
+    there; here outer whitespace is stripped first (it says nothing about the format the model learnt).
 
     >>> is_think_format(" <think>\\nthree cubes\\n</think>\\n<answer>3</answer>\\n")
     True
@@ -249,12 +267,13 @@ def has_gsm8k_hash_line(text: str) -> bool:
 
 
 def math_equal(completion_text: str, solution) -> bool:
-    """R1-V's accuracy rule: math-verify equivalence, or an exact match of the answers as strings.
+    """suzak's strict math rule: an exact string match, or math-verify equivalence, of the last ``<answer>`` contents.
 
-    Each side's answer is the stripped content of its last ``<answer>`` tag, or the whole stripped text without
-    one. The string match is tried first (it is cheap, and R1-V's result is the OR of both tests). Unlike R1-V,
-    math-verify sees only the tag content when the completion has one, so a number in the reasoning cannot
-    score. A completion math-verify cannot parse is simply wrong; a gold it cannot parse has only the string test.
+    Modelled on R1-V's training reward (the OR of the same two tests) but stricter, and so not R1-V's rule
+    (``r1v_accuracy``, ``r1v_math_verify`` are): each side's answer is the stripped content of its *last*
+    ``<answer>`` tag (the whole stripped text without one), and math-verify sees only that content, read as LaTeX,
+    so a number in the reasoning cannot score and ``10√{2}`` is not read as 10. A completion math-verify cannot
+    parse is simply wrong; a gold it cannot parse has only the string test.
 
     >>> math_equal("<think>...</think> <answer>140°</answer>", "<answer> 140° </answer>")
     True
@@ -267,7 +286,7 @@ def math_equal(completion_text: str, solution) -> bool:
     tagged = extract_tag(completion_text, "answer")
     if (completion_text.strip() if tagged is None else tagged) == gold:
         return True
-    # Without tags math-verify finds the answer in the free text itself, as in R1-V's GeoQA eval.
+    # Without tags math-verify finds the answer in the free text itself (as R1-V's GeoQA eval does for every output).
     predicted = completion_text if tagged is None else _as_latex(tagged)
     return _math_verify_equal(gold, predicted)
 
@@ -307,3 +326,89 @@ def _parse_gold(gold: str) -> tuple:
 def _timeout(seconds: int) -> int | None:
     """math-verify's timeouts use signal.alarm, which raises outside the main thread: there, run without one."""
     return seconds if threading.current_thread() is threading.main_thread() else None
+
+
+# --- R1-V's rules, exactly ------------------------------------------------------------------------------------------
+
+
+def r1v_count(text: str) -> int | None:
+    """The count R1-V's SuperCLEVR eval reads: the first ``<answer>`` holding only digits (spaces around allowed).
+
+    ``\\d`` is any Unicode decimal digit, so ``٣`` and ``３`` read as 3; ``3.0``, ``+3`` and number words read as
+    nothing. A tag that holds no bare number is skipped, so the first *numeric* tag wins.
+
+    >>> r1v_count("<answer> 2 </answer> no: <answer>3</answer>"), r1v_count("<answer>٣</answer>")
+    (2, 3)
+    >>> r1v_count("<answer>3.0</answer>") is None, r1v_count("<answer>three</answer> <answer>4</answer>")
+    (True, 4)
+    """
+    match = _R1V_COUNT_RE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def r1v_math_verify(text: str, gold: str) -> tuple[str | None, bool]:
+    """R1-V's GeoQA eval rule: math-verify parses the *whole* text and verifies it against the parsed raw gold.
+
+    Returns ``(str of the first parsed value or None, is_correct)``, the ``extracted_answer`` R1-V's scripts wrote.
+    math-verify picks its answer anywhere in the text (by its priorities, e.g. ``\\boxed`` first, else the rightmost
+    match), so ``10√{2}`` reads as 10, ``4πcm`` as 4, a number in the reasoning can score when the tag holds a
+    letter, and a number glued to the tag (``<answer>140°</answer>``) is not read at all. That is R1-V's rule,
+    kept for comparable numbers.
+
+    >>> r1v_math_verify("<think>180 - 40</think> <answer> 140° </answer>", "140°")
+    ('140', True)
+    >>> r1v_math_verify("<answer> 10√{2} </answer>", "10"), r1v_math_verify("<answer>140°</answer>", "140°")
+    (('10', True), (None, False))
+    """
+    from math_verify import parse, verify
+
+    gold_parsed = _parse_raw(gold)
+    predicted = _safe_math_verify(lambda: parse(text, parsing_timeout=_timeout(_PARSE_TIMEOUT_S)), [], gold)
+    if not predicted:
+        return None, False
+    correct = gold_parsed and _safe_math_verify(
+        lambda: verify(predicted, list(gold_parsed), timeout_seconds=_timeout(_VERIFY_TIMEOUT_S)), False, gold
+    )
+    return str(predicted[0]), bool(correct)
+
+
+def r1v_accuracy(text: str, solution: str) -> bool:
+    """R1-V's training ``accuracy_reward``: ``r1v_math_verify`` of the whole text against the raw solution, else an
+    exact match of the stripped first one-line ``<answer>…</answer>`` contents (the whole stripped text on a side
+    without one).
+
+    Known hole, kept because it is R1-V's rule: math-verify reads the whole completion, so a right number in
+    ``<think>`` can score while the ``<answer>`` tag holds something else.
+
+    >>> r1v_accuracy("<think>3 cubes</think> <answer>3</answer>", "<answer> 3 </answer>")
+    True
+    >>> r1v_accuracy("<think>maybe 3</think> <answer>many</answer>", "<answer> 3 </answer>")
+    True
+    >>> r1v_accuracy("<answer>C</answer>", "<answer> C </answer>"), r1v_accuracy("<answer>D</answer>", "C")
+    (True, False)
+    """
+    return r1v_math_verify(text, solution)[1] or _r1v_tag_text(text) == _r1v_tag_text(solution)
+
+
+def _r1v_tag_text(text: str) -> str:
+    match = _R1V_TAG_RE.search(text)
+    return (match.group(1) if match else text).strip()
+
+
+def _safe_math_verify(call: Callable, failed, gold: str):
+    """``call()``, or ``failed`` when math-verify raises (it catches its own errors; this second net logs)."""
+    from math_verify.errors import TimeoutException
+
+    try:
+        return call()
+    except (Exception, TimeoutException):
+        logger.warning("math-verify failed on an output scored against gold %r; counted wrong", gold, exc_info=True)
+        return failed
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_raw(gold: str) -> tuple:
+    """math-verify's parse of a raw gold string, as R1-V's scripts ran it (no LaTeX wrapping), cached."""
+    from math_verify import parse
+
+    return tuple(parse(gold, parsing_timeout=_timeout(_PARSE_TIMEOUT_S)))

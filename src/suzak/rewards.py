@@ -34,6 +34,7 @@ from suzak.parsing import (
     parse_int_answer,
     parse_number,
 )
+from suzak.parsing import r1v_accuracy as _r1v_accuracy
 from suzak.prompts import render_answer
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "gsm8k_format",
     "math_accuracy",
     "preflight",
+    "r1v_accuracy",
     "resolve_reward",
     "resolve_rewards",
     "think_format",
@@ -105,6 +107,9 @@ def clevr_count(
 ) -> list[float | None]:
     """1.0 when the count in the last ``<answer>`` tag equals the gold count, else 0.0 (no tag: 0.0).
 
+    suzak's strict counting reward, not R1-V's: R1-V trained with ``r1v_accuracy`` (math-verify of the whole
+    completion, so a number in ``<think>`` can score) and evaluated the first ``<answer>`` tag.
+
     ``answer_format="plain"`` (for the ``plain`` template; a recipe sets it with
     ``reward_kwargs: {clevr_count: {answer_format: plain}}``) reads the whole completion as the count instead.
 
@@ -119,6 +124,9 @@ def clevr_count(
 
 def think_format(completions: list, **kwargs) -> list[float | None]:
     """1.0 for R1-V's ``<think>…</think> <answer>…</answer>`` format and nothing else, else 0.0.
+
+    Same pattern as R1-V's format reward, except that outer whitespace is stripped first (R1-V gives 0.0 to a
+    completion with a leading space or a trailing newline).
 
     >>> think_format(["<think>\\n3 cubes\\n</think>\\n<answer>3</answer>", "<answer>3</answer>"])
     [1.0, 0.0]
@@ -165,7 +173,8 @@ def gsm8k_format(completions: list, style: str = "hash", **kwargs) -> list[float
 
 
 def math_accuracy(completions: list, solution: list, **kwargs) -> list[float | None]:
-    """R1-V's accuracy reward: math-verify equivalence, or an exact string match, of the ``<answer>`` contents.
+    """suzak's strict math reward: math-verify equivalence, or an exact string match, of the last ``<answer>``
+    contents (``math_equal``). R1-V's reward runs the same two tests on the whole completion (``r1v_accuracy``).
 
     >>> math_accuracy(["<answer>140°</answer>", "<answer>40°</answer>"], solution=["<answer> 140° </answer>"] * 2)
     [1.0, 0.0]
@@ -174,10 +183,32 @@ def math_accuracy(completions: list, solution: list, **kwargs) -> list[float | N
     return [float(math_equal(completion_text(c), g)) for c, g in zip(completions, golds, strict=True)]
 
 
+# --- R1-V's training reward, exactly -----------------------------------------------------------------------------
+
+
+def r1v_accuracy(completions: list, solution: list, **kwargs) -> list[float | None]:
+    """R1-V's training ``accuracy_reward``, exactly, for reproducing R1-V's run (counting and GeoQA alike).
+
+    1.0 when math-verify, parsing the *whole* completion, verifies it against the parsed raw solution; else 1.0 when
+    the stripped contents of the first one-line ``<answer>…</answer>`` are the same string on both sides (the whole
+    stripped text on a side without the tag); else 0.0 (``suzak.parsing.r1v_accuracy``).
+
+    Known hole, kept because it is R1-V's rule: math-verify reads the reasoning too, so a right number in ``<think>``
+    can score while the ``<answer>`` tag holds something else, and the policy can learn that. suzak's recipes use the
+    strict ``clevr_count`` / ``math_accuracy`` instead.
+
+    >>> r1v_accuracy(["<think>3 cubes</think> <answer>3</answer>", "<think>I see 3 cubes</think> <answer>many</answer>"],
+    ...              solution=["<answer> 3 </answer>"] * 2)
+    [1.0, 1.0]
+    """
+    _golds(solution, str, "r1v_accuracy")  # a missing or empty gold raises naming its row
+    return [float(_r1v_accuracy(completion_text(c), str(s))) for c, s in zip(completions, solution, strict=True)]
+
+
 # --- registry ----------------------------------------------------------------------------------------------------
 
 REWARDS: dict[str, Callable] = {
-    f.__name__: f for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy)
+    f.__name__: f for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy)
 }
 
 

@@ -1,4 +1,5 @@
-"""``python -m suzak.eval {superclevr,geoqa,gsm8k,clevr_synthetic} --model_path M …``"""
+"""``python -m suzak.eval {superclevr,geoqa,gsm8k,clevr_synthetic} --model_path M …`` and
+``python -m suzak.eval rescore RESULTS.json --task {superclevr,geoqa,clevr_synthetic} …``"""
 
 from suzak.eval.cli import main
 

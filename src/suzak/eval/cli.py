@@ -1,31 +1,44 @@
-"""Command line for evaluation: ``python -m suzak.eval TASK …`` and R1-V's two scripts in ``src/eval/``.
+"""Command line for evaluation: ``python -m suzak.eval TASK …``, ``python -m suzak.eval rescore FILE …`` and R1-V's
+scripts in ``src/eval/``.
 
     python -m suzak.eval superclevr --model_path outputs/run/checkpoint-100 --batch_size 64
+    python -m suzak.eval rescore logs/geoqa_results_run.json --task geoqa --json rescored.json
     cd src/eval && python test_qwen2vl_counting_superclevr.py --model_path Qwen/Qwen2-VL-2B-Instruct --batch_size 64
 
-Prints R1-V's ``Accuracy: XX.XX%`` line (greedy pass) and writes R1-V's JSON, a markdown summary beside it with the
-published reference numbers, and one JSON per seeded pass.
+An evaluation prints R1-V's ``Accuracy: XX.XX%`` line (greedy pass, under ``--scoring``) and the other rule's figure,
+and writes R1-V's JSON, a markdown summary beside it with the published reference numbers beside the ``r1v`` figure,
+and one JSON per seeded pass. ``--scoring`` defaults to ``strict`` (suzak's rule, the training reward's parser) for
+``python -m suzak.eval`` and to ``r1v`` (R1-V's eval rule) for R1-V's scripts, so each prints what its users expect.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import sys
 from pathlib import Path
 
 from suzak import SuzakError
 from suzak.eval.report import format_accuracy, mean_std
+from suzak.eval.rescore import JSON_KEYS, rescore_file
 from suzak.eval.runner import EvalConfig, evaluate
-from suzak.eval.tasks import CLEVR_HELDOUT_SEED, TASKS
+from suzak.eval.tasks import CLEVR_HELDOUT_SEED, SCORING_RULES, TASKS
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "build_rescore_parser", "main", "rescore_main"]
+
+_SCORING_HELP = "; ".join(f"{rule}: {text}" for rule, text in SCORING_RULES.items())
+_RESCORE_TASKS = [name for name, task in TASKS.items() if "r1v" in task.rules]
 
 
-def build_parser(task: str | None = None) -> argparse.ArgumentParser:
-    """The evaluation flags; with ``task`` fixed (the R1-V scripts) there is no task argument."""
+def build_parser(task: str | None = None, batch_size: int | None = None) -> argparse.ArgumentParser:
+    """The evaluation flags; with ``task`` fixed (the R1-V scripts) there is no task argument and ``--scoring``
+    defaults to ``r1v``. ``batch_size``: a script's own default (R1-V's multi-GPU script: 4 per GPU)."""
     prog = "python -m suzak.eval" if task is None else None
     description = "Evaluate a checkpoint" + (f" on {TASKS[task].description}" if task else "")
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    epilog = None if task else ("Re-score a results file without a model: python -m suzak.eval rescore RESULTS.json "
+                                "--task TASK (see rescore --help).")  # fmt: skip
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
     if task is None:
         parser.add_argument("task", choices=list(TASKS), help="what to evaluate on")
     add = parser.add_argument
@@ -34,7 +47,9 @@ def build_parser(task: str | None = None) -> argparse.ArgumentParser:
     add("--image_root", help="folder the image_path entries are relative to (default: the working directory)")
     add("--output_path", help="results JSON (default: logs/<task>_results_<model>.json)")
     add("--engine", default="hf", choices=["hf", "vllm"], help="hf: batched transformers generate; vllm: GPU only")
-    add("--batch_size", type=int, help="prompts per batch (default: R1-V's, 64 SuperCLEVR / 50 GeoQA)")
+    add("--batch_size", type=int, default=batch_size,
+        help=f"prompts per batch (default: R1-V's, {batch_size} per process)" if batch_size else
+             "prompts per batch (default: R1-V's, 64 SuperCLEVR / 50 GeoQA)")  # fmt: skip
     add("--max_new_tokens", type=int, help="completion tokens (default: R1-V's, 256 SuperCLEVR / 1024 GeoQA)")
     add("--min_pixels", type=int, help="pixel budget lower bound (default: the training recipe's, 3136)")
     add("--max_pixels", type=int, help="pixel budget upper bound (default: the training recipe's, 401408)")
@@ -49,6 +64,10 @@ def build_parser(task: str | None = None) -> argparse.ArgumentParser:
     add("--dtype", help="model dtype (default: bfloat16 on a GPU, float32 on the CPU)")
     add("--tensor_parallel_size", type=int, default=1, help="vLLM: GPUs per model")
     add("--no_progress", action="store_true", help="no progress bar")
+    scoring = "r1v" if task else "strict"
+    add("--scoring", default=scoring, choices=list(SCORING_RULES),
+        help=f"the rule behind `accuracy` and the Accuracy line; the other is reported beside it (default {scoring}; "
+             f"{_SCORING_HELP}; gsm8k has strict only)")  # fmt: skip
     return parser
 
 
@@ -62,10 +81,18 @@ def _print_report(report) -> None:
     if report.skipped_missing:
         print(f"Skipped {report.skipped_missing} item(s) with missing images")
     print(format_accuracy(report.greedy.accuracy))
-    print(f"Results saved to {report.greedy.path} (summary: {report.summary_path})")
+    greedy = report.greedy
+    if greedy.other_scoring is not None:
+        print(f"{greedy.other_scoring} scoring ({SCORING_RULES[greedy.other_scoring]}): {greedy.other_accuracy:.2f}%")
+    print(f"Results saved to {greedy.path} (summary: {report.summary_path})")
 
 
 def main(argv: list[str] | None = None, task: str | None = None) -> None:
+    """``python -m suzak.eval TASK …`` (or, with ``task``, an R1-V script); ``rescore`` as the first word re-scores."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if task is None and argv[:1] == ["rescore"]:
+        rescore_main(argv[1:])
+        return
     args = vars(build_parser(task).parse_args(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args["progress"] = not args.pop("no_progress")
@@ -89,3 +116,40 @@ def _end_process_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def build_rescore_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m suzak.eval rescore",
+        description="Re-score a results file in R1-V's format (R1-V's own logs or suzak's: an object whose 'results' "
+        "list holds 'model_output' and 'ground_truth') under both scoring rules. No model, no images.",
+    )
+    add = parser.add_argument
+    add("results", help="the results JSON")
+    add("--task", required=True, choices=_RESCORE_TASKS, help="which task's rules score it")
+    add("--scoring", default="r1v", choices=list(SCORING_RULES),
+        help=f"the rule behind the Accuracy line (default r1v; {_SCORING_HELP})")  # fmt: skip
+    add("--json", metavar="OUT", help="also write {" + ", ".join(f'"{k}"' for k in JSON_KEYS) + "} here")
+    return parser
+
+
+def rescore_main(argv: list[str] | None = None) -> None:
+    """``python -m suzak.eval rescore RESULTS.json --task T [--scoring r1v|strict] [--json OUT]``."""
+    args = build_rescore_parser().parse_args(argv)
+    try:
+        rescored = rescore_file(args.results, args.task, args.scoring)
+        if args.json:
+            _write_json(Path(args.json), rescored.as_json())
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    print("\n".join(rescored.report(args.results)))
+    if args.json:
+        print(f"Saved to {args.json}")
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        raise SuzakError(f"--json {path}: cannot write it ({error.strerror or error})") from None

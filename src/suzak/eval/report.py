@@ -1,11 +1,14 @@
-"""Results files and the summary: R1-V's JSON, the markdown table beside the published numbers, seeds mean ± std.
+"""Results files and the summary: R1-V's JSON, both scoring rules, the published numbers, seeds mean ± std.
 
 ``REFERENCES`` is the one list of published numbers (from R1-V's README, logs and issues) that reports and model
-cards read. The Qwen2.5-VL-3B SuperCLEVR figure circulates in a derived README and appears in none of R1-V's own
-sources, so it is carried, and always printed, as unverified.
+cards read. They were scored with R1-V's rule, so they are printed only beside a run's ``r1v`` figure, never beside
+the ``strict`` one. The Qwen2.5-VL-3B SuperCLEVR figure circulates in a derived README and appears in none of R1-V's
+own sources, so it is carried, and always printed, as unverified.
 
 >>> accuracy([{"is_correct": True}, {"is_correct": False}, {"is_correct": True}, {"is_correct": True}])
 75.0
+>>> accuracy([{"is_correct": True, "is_correct_r1v": False}], "is_correct_r1v")
+0.0
 >>> format_accuracy(75.0)
 'Accuracy: 75.00%'
 >>> mean_std([40.0, 50.0, 60.0])
@@ -29,7 +32,10 @@ __all__ = [
     "format_accuracy",
     "markdown_summary",
     "mean_std",
+    "reference_lines",
     "references_for",
+    "rule_flag",
+    "scoring_note",
     "write_results",
 ]
 
@@ -73,9 +79,14 @@ def references_for(task: str) -> list[Reference]:
     return [r for r in REFERENCES if r.task == task]
 
 
-def accuracy(results: list[dict]) -> float:
-    """Correct / N × 100 (R1-V's figure); 0.0 for no results."""
-    return 100.0 * sum(bool(r["is_correct"]) for r in results) / len(results) if results else 0.0
+def accuracy(results: list[dict], flag: str = "is_correct") -> float:
+    """Correct / N × 100 (R1-V's figure) counting ``flag``; 0.0 for no results."""
+    return 100.0 * sum(bool(r[flag]) for r in results) / len(results) if results else 0.0
+
+
+def rule_flag(rule: str) -> str:
+    """The per-result key holding one rule's verdict: ``is_correct_r1v``, ``is_correct_strict``."""
+    return f"is_correct_{rule}"
 
 
 def format_accuracy(value: float) -> str:
@@ -89,12 +100,22 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def write_results(path: str | Path, results: list[dict]) -> float:
-    """R1-V's output file ``{"accuracy", "results"}``; returns the accuracy, computed from ``results`` alone."""
+def write_results(path: str | Path, results: list[dict], scoring: str | None = None,
+                  other_scoring: str | None = None) -> float:  # fmt: skip
+    """R1-V's output file ``{"accuracy", "results"}``; returns the accuracy, computed from ``results`` alone.
+
+    With ``scoring`` (the rule behind ``is_correct``) the file also says ``scoring``, ``other_scoring`` and
+    ``other_accuracy`` (from each result's ``is_correct_<other>``; both None for a task with one rule). R1-V's
+    readers only look at ``accuracy`` and ``results``, so the file stays R1-V's format.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     value = accuracy(results)
-    text = json.dumps({"accuracy": value, "results": results}, indent=2, ensure_ascii=False, default=str)
+    payload: dict[str, Any] = {"accuracy": value}
+    if scoring is not None:
+        other = accuracy(results, rule_flag(other_scoring)) if other_scoring else None
+        payload |= {"scoring": scoring, "other_scoring": other_scoring, "other_accuracy": other}
+    text = json.dumps(payload | {"results": results}, indent=2, ensure_ascii=False, default=str)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     tmp.replace(path)  # a crash mid-write never leaves a truncated results file
@@ -103,7 +124,10 @@ def write_results(path: str | Path, results: list[dict]) -> float:
 
 @dataclass
 class RunResult:
-    """One pass over the items: greedy (``seed`` None) or sampled with a seed."""
+    """One pass over the items: greedy (``seed`` None) or sampled with a seed.
+
+    ``accuracy``/``correct`` are under ``scoring``; ``other_*`` under the task's other rule (None when it has one).
+    """
 
     path: str
     accuracy: float
@@ -112,37 +136,79 @@ class RunResult:
     seed: int | None = None
     temperature: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    scoring: str = "strict"
+    other_scoring: str | None = None
+    other_accuracy: float | None = None
+    other_correct: int | None = None
+
+    def by_rule(self) -> dict[str, tuple[float, int]]:
+        """``{rule: (accuracy, correct)}``, the selected rule first."""
+        figures = {self.scoring: (self.accuracy, self.correct)}
+        if self.other_scoring is not None and self.other_accuracy is not None:
+            figures[self.other_scoring] = (self.other_accuracy, self.other_correct)
+        return figures
 
 
 def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def _reference_rows(task: str) -> list[str]:
-    rows = []
-    for ref in references_for(task):
-        model = ref.model if ref.verified else f"{ref.model} **(UNVERIFIED)**"
-        rows.append(f"| {model} | {_fmt(ref.base)} | {_fmt(ref.trained)} | {ref.setting} | {ref.source} |")
-    return rows
+def scoring_note(rules: list[str], task: str) -> str:
+    """One sentence naming the rules shown: which one is the results file's ``accuracy`` and what each means."""
+    from suzak.eval.tasks import SCORING_RULES, TASKS
+
+    first, *others = rules
+    text = f"Scoring: **{first}** ({SCORING_RULES[first]}) is the results file's `accuracy`"
+    text += "".join(f"; {rule} is {SCORING_RULES[rule]}" for rule in others) + "."
+    if "r1v" not in rules:
+        has_r1v = task in TASKS and "r1v" in TASKS[task].rules
+        text += " This run has no r1v figure." if has_r1v else f" {task} has no R1-V scoring rule."
+    return text
+
+
+def reference_lines(figures: dict[str, float | None], *, task_column: bool = False, heading: str = "##",
+                    subject: str = "this run") -> list[str]:  # fmt: skip
+    """The published numbers of each task in ``figures``, each row beside that task's ``r1v`` figure (None: the run
+    has none, shown as –). R1-V scored its numbers with its own rule, so no other figure is ever put beside them."""
+    tasks = [task for task in figures if references_for(task)]
+    if not tasks:
+        return []
+    lead = "| task " if task_column else ""
+    lines = ["", f"{heading} Published reference numbers (R1-V's scoring rule: compare them with the r1v figure only)",
+             "", f"{lead}| model | base (%) | trained (%) | {subject}, r1v scoring (%) | setting | source |",
+             "|---" * (6 + task_column) + "|"]  # fmt: skip
+    for task in tasks:
+        for ref in references_for(task):
+            model = ref.model if ref.verified else f"{ref.model} **(UNVERIFIED)**"
+            cell = f"| {task} " if task_column else ""
+            lines.append(f"{cell}| {model} | {_fmt(ref.base)} | {_fmt(ref.trained)} | {_fmt(figures[task])} | "
+                         f"{ref.setting} | {ref.source} |")  # fmt: skip
+    if any(not r.verified for task in tasks for r in references_for(task)):
+        lines += ["", "UNVERIFIED: quoted in a derived README, found in none of R1-V's sources."]
+    return lines + [f"- {note}" for task in tasks for note in NOTES.get(task, ())]
+
+
+def _run_cells(run: RunResult, rules: list[str]) -> str:
+    """``accuracy | correct / N`` under each of ``rules`` (– where the run has no figure for one)."""
+    figures = run.by_rule()
+    cells = [f"{figures[r][0]:.2f} | {figures[r][1]} / {run.total}" if r in figures else "– | –" for r in rules]
+    return " | ".join(cells)
 
 
 def markdown_summary(task: str, model: str, greedy: RunResult, sampled: list[RunResult],
                      settings: dict[str, Any]) -> str:  # fmt: skip
-    """The run's accuracy (greedy, and sampled mean ± std over seeds) above the published reference numbers."""
-    lines = [f"# {task}: {model}", "", "| run | accuracy (%) | correct / N | file |", "|---|---|---|---|"]
-    lines.append(f"| greedy | {greedy.accuracy:.2f} | {greedy.correct} / {greedy.total} | `{greedy.path}` |")
+    """The run's accuracy under each rule (greedy, and sampled mean ± std over seeds), then the published numbers
+    beside the run's ``r1v`` figure."""
+    rules = list(greedy.by_rule())
+    header = "".join(f" {rule} (%) | {rule} correct / N |" for rule in rules)
+    lines = [f"# {task}: {model}", "", f"| run |{header} file |", "|---" * (2 + 2 * len(rules)) + "|"]
+    lines.append(f"| greedy | {_run_cells(greedy, rules)} | `{greedy.path}` |")
     for run in sampled:
-        lines.append(f"| seed {run.seed}, T={run.temperature:g} | {run.accuracy:.2f} | {run.correct} / {run.total} "
-                     f"| `{run.path}` |")  # fmt: skip
+        lines.append(f"| seed {run.seed}, T={run.temperature:g} | {_run_cells(run, rules)} | `{run.path}` |")
     if sampled:
-        mean, std = mean_std([r.accuracy for r in sampled])
-        lines.append(f"| sampled, {len(sampled)} seed(s) | {mean:.2f} ± {std:.2f} (mean ± std) | | |")
-    lines += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
-    references = _reference_rows(task)
-    if references:
-        lines += ["", "## Published reference numbers", "",
-                  "| model | base (%) | trained (%) | setting | source |", "|---|---|---|---|---|", *references]  # fmt: skip
-        if any(not r.verified for r in references_for(task)):
-            lines += ["", "UNVERIFIED: quoted in a derived README, found in none of R1-V's sources."]
-        lines += [f"- {note}" for note in NOTES.get(task, ())]
-    return "\n".join(lines) + "\n"
+        spreads = [mean_std([r.by_rule()[rule][0] for r in sampled if rule in r.by_rule()]) for rule in rules]
+        cells = "".join(f" {mean:.2f} ± {std:.2f} (mean ± std) | |" for mean, std in spreads)
+        lines.append(f"| sampled, {len(sampled)} seed(s) |{cells} |")
+    lines += ["", scoring_note(rules, task), "", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
+    r1v = greedy.by_rule().get("r1v")
+    return "\n".join(lines + reference_lines({task: r1v[0] if r1v else None})) + "\n"

@@ -24,16 +24,17 @@ from PIL import Image
 from suzak import SuzakError
 from suzak.eval.engine import HFEngine, VLLMEngine
 from suzak.eval.models import eval_device, load_eval_model, merged_model_dir, saved_budget
-from suzak.eval.report import RunResult, markdown_summary, mean_std, write_results
+from suzak.eval.report import RunResult, accuracy, markdown_summary, mean_std, rule_flag, write_results
 from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
+    SCORING_RULES,
     EvalItem,
     Task,
     get_task,
     load_items,
     missing_images,
     resolve_template,
-    score,
+    score_rules,
 )
 from suzak.vision import PixelBudget
 
@@ -78,10 +79,13 @@ class EvalConfig:
     dtype: str | None = None  # default: bfloat16 on a GPU, float32 on the CPU
     tensor_parallel_size: int = 1  # vLLM
     progress: bool = True
+    scoring: str = "strict"  # the rule behind `accuracy`; the task's other rule is reported beside it
 
     def __post_init__(self):
         if self.engine not in ("hf", "vllm"):
             raise SuzakError(f"unknown engine {self.engine!r}: use hf or vllm")
+        if self.scoring not in SCORING_RULES:
+            raise SuzakError(f"unknown --scoring {self.scoring!r}: use {' or '.join(SCORING_RULES)}")
         if self.seeds and self.temperature <= 0:
             raise SuzakError("seeded passes sample: --temperature must be > 0 with --seeds")
         if self.limit is not None and self.limit < 1:
@@ -299,16 +303,33 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
 # --- passes --------------------------------------------------------------------------------------------------------
 
 
-def result_row(task: Task, item: EvalItem, output: str) -> dict:
-    """One entry of R1-V's ``results`` list, scored by the task's scorer (the reward's parser)."""
-    extracted, correct = score(task.scorer, output, item.gold)
-    return {"question": item.record, "ground_truth": item.gold, "model_output": output,
-            "extracted_answer": extracted, "is_correct": bool(correct)}  # fmt: skip
+def result_row(task: Task, item: EvalItem, output: str, scoring: str = "strict") -> dict:
+    """One entry of R1-V's ``results`` list: ``extracted_answer`` and ``is_correct`` under ``scoring``, then
+    ``is_correct_<rule>`` for every rule of the task (so a reader sees where the rules disagree)."""
+    verdicts = score_rules(task, output, item.gold)
+    extracted, correct = verdicts[scoring]
+    row = {"question": item.record, "ground_truth": item.gold, "model_output": output,
+           "extracted_answer": extracted, "is_correct": bool(correct)}  # fmt: skip
+    return row | {rule_flag(rule): bool(ok) for rule, (_, ok) in verdicts.items()}
+
+
+def _scored_rows(task: Task, items: list[EvalItem], outputs: dict[str, str], scoring: str, source: str) -> list[dict]:
+    """``result_row`` for each item; a gold answer that cannot be scored is one line naming the item."""
+    rows = []
+    for item in items:
+        try:
+            rows.append(result_row(task, item, outputs[item.key], scoring))
+        except (ValueError, TypeError) as error:
+            raise SuzakError(f"{source}: item {item.index}: cannot score it: {error} (the outputs are kept in the "
+                             ".partial.jsonl file)") from None  # fmt: skip
+    return rows
 
 
 def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, settings: dict, *, temperature: float = 0.0,
-             seed: int | None = None, dist: Distributed | None = None, fresh: bool = False) -> RunResult | None:  # fmt: skip
-    """Generate what the partial file lacks, then (rank 0) score everything and write R1-V's JSON."""
+             seed: int | None = None, dist: Distributed | None = None, fresh: bool = False,
+             scoring: str = "strict") -> RunResult | None:  # fmt: skip
+    """Generate what the partial file lacks, then (rank 0) score everything under every rule and write R1-V's JSON
+    (``accuracy`` under ``scoring``)."""
     dist = dist or Distributed()
     store = PartialStore(output_path, {**settings, "temperature": temperature, "seed": seed}, dist)
     if fresh and dist.rank == 0:
@@ -332,11 +353,15 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
     result = None
     if dist.rank == 0:
         outputs = done | {k: v for shard in gathered for k, v in shard.items()}
-        results = [result_row(task, item, outputs[item.key]) for item in items]
-        value = write_results(output_path, results)
+        results = _scored_rows(task, items, outputs, scoring, str(settings.get("data", output_path)))
+        other = task.other_rule(scoring)
+        value = write_results(output_path, results, scoring, other)
         store.discard()
-        correct = sum(r["is_correct"] for r in results)
-        result = RunResult(str(output_path), value, correct, len(results), seed, temperature)
+        result = RunResult(str(output_path), value, sum(r["is_correct"] for r in results), len(results), seed,
+                           temperature, scoring=scoring, other_scoring=other)  # fmt: skip
+        if other is not None:
+            result.other_accuracy = accuracy(results, rule_flag(other))
+            result.other_correct = sum(r[rule_flag(other)] for r in results)
     dist.barrier()
     return result
 
@@ -367,6 +392,7 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget) -> dict:
 def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     """Greedy pass + one sampled pass per seed; R1-V JSON per pass, markdown + JSON summary. None off rank 0."""
     task = get_task(config.task)
+    task.scorer(config.scoring)  # a rule the task lacks stops here, before any model loads
     budget = default_budget(config)
     items, skipped = prepare_items(config, task)
     dist = Distributed.from_env()
@@ -374,10 +400,10 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, task, budget)
-    greedy = run_pass(task, items, engine, output, settings, dist=dist, fresh=config.fresh)
+    greedy = run_pass(task, items, engine, output, settings, dist=dist, fresh=config.fresh, scoring=config.scoring)
     sampled = [
         run_pass(task, items, engine, seed_output_path(output, s), settings, temperature=config.temperature,
-                 seed=s, dist=dist, fresh=config.fresh)
+                 seed=s, dist=dist, fresh=config.fresh, scoring=config.scoring)
         for s in config.seeds
     ]  # fmt: skip
     if dist.rank != 0:

@@ -1,13 +1,19 @@
 """Evaluation tasks: where the items come from, which prompt they get and how an answer is scored.
 
-Each task is data loading + a prompt template + a scorer. The scorers call the same parsers as the training rewards
-(:mod:`suzak.parsing`), and each names the reward it agrees with, so a test can hold them to it: an eval score and
-a training reward can never disagree about what the model answered.
+Each task is data loading + a prompt template + its scoring rules, each a scorer built on :mod:`suzak.parsing`:
+
+- ``strict``: suzak's rule, the training reward's own parser (each strict scorer names the reward it agrees with, so
+  a test holds them to it: an eval score and a training reward never disagree about what the model answered);
+- ``r1v``: R1-V's eval scripts' rule, exactly, so a figure can stand beside R1-V's published table.
+
+GSM8K has only ``strict``: R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce.
 
 >>> score("superclevr", "<think> five cars </think> <answer> 5 </answer>", 5)
 (5, True)
->>> score("geoqa", "<answer>140°</answer>", "140°")
-('140°', True)
+>>> score("superclevr", "<answer>5.0</answer>", 5), score("superclevr", "<answer>5.0</answer>", 5, "r1v")
+((5, True), (None, False))
+>>> score("geoqa", "<answer>140°</answer>", "140°"), score("geoqa", "<answer>140°</answer>", "140°", "r1v")
+(('140°', True), (None, False))
 >>> score("gsm8k", "16 - 3 - 4 = 9 and 9 * 2 = 18\\n#### 18", "18")
 ('18', True)
 """
@@ -23,13 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
-from suzak.parsing import extract_tag, gold_answer, math_equal, parse_count, parse_gsm8k_answer, parse_int_answer
+from suzak.parsing import (
+    extract_tag,
+    gold_answer,
+    math_equal,
+    parse_count,
+    parse_gsm8k_answer,
+    parse_int_answer,
+    r1v_count,
+    r1v_math_verify,
+)
 from suzak.parsing import parse_number as _parse_number
 from suzak.prompts import build_conversation, get_template
 
 __all__ = [
     "CLEVR_HELDOUT_SEED",
     "SCORERS",
+    "SCORING_RULES",
     "TASKS",
     "EvalItem",
     "Scorer",
@@ -39,6 +55,7 @@ __all__ = [
     "missing_images",
     "resolve_template",
     "score",
+    "score_rules",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,22 +68,44 @@ CLEVR_HELDOUT_SEED = 1_000_003
 # --- scoring -------------------------------------------------------------------------------------------------------
 
 
+SCORING_RULES: dict[str, str] = {
+    "r1v": "R1-V's eval scripts' rule, the one behind R1-V's published numbers",
+    "strict": "suzak's rule, the training reward's parser",
+}
+
+
 @dataclass(frozen=True)
 class Scorer:
-    """How one task scores an output: ``fn(output, gold) -> (extracted_answer, is_correct)``.
+    """How one rule scores an output: ``fn(output, gold) -> (extracted_answer, is_correct)``.
 
-    ``reward`` names the training reward (``suzak.rewards.REWARDS``) that gives 1.0 exactly when this says correct.
+    ``reward`` names the training reward (``suzak.rewards.REWARDS``) that gives 1.0 exactly when this says correct;
+    None for R1-V's eval rules, which no training reward matches (R1-V's own training reward differs from its eval).
+    A gold answer that cannot be read raises ``ValueError``: bad data is never scored as a wrong answer.
     """
 
     name: str
-    reward: str
+    rule: str  # a SCORING_RULES key
+    reward: str | None
     fn: Callable[[str, Any], tuple[Any, bool]]
 
 
+def _gold_count(gold) -> int:
+    count = parse_int_answer(gold_answer(gold))
+    if count is None:
+        raise ValueError(f"gold answer {gold!r:.100} is not a count")
+    return count
+
+
 def _score_count(output: str, gold) -> tuple[int | None, bool]:
-    """The last ``<answer>`` as a count (``clevr_count``'s parser). R1-V took the first ``<answer>\\s*(\\d+)``."""
-    answer = parse_count(output)
-    return answer, answer is not None and answer == parse_int_answer(gold_answer(gold))
+    """The last ``<answer>`` as a count (``clevr_count``'s parser): digits, ``3.0``, number words."""
+    gold_count, answer = _gold_count(gold), parse_count(output)  # the gold is read first: a bad one always raises
+    return answer, answer is not None and answer == gold_count
+
+
+def _score_r1v_count(output: str, gold) -> tuple[int | None, bool]:
+    """R1-V's SuperCLEVR rule: the first ``<answer>\\s*(\\d+)\\s*</answer>`` as an int, equal to the gold count."""
+    gold_count, answer = _gold_count(gold), r1v_count(output)
+    return answer, answer is not None and answer == gold_count
 
 
 def _score_math(output: str, gold) -> tuple[str, bool]:
@@ -75,19 +114,30 @@ def _score_math(output: str, gold) -> tuple[str, bool]:
     return (output.strip() if tagged is None else tagged), math_equal(output, gold)
 
 
+def _score_r1v_math(output: str, gold) -> tuple[str | None, bool]:
+    """R1-V's GeoQA rule: math-verify of the whole output against the raw gold (``r1v_math_verify``)."""
+    gold_answer(gold)  # a missing or empty gold raises instead of scoring every output wrong
+    return r1v_math_verify(output, str(gold))
+
+
 def _score_gsm8k(output: str, gold) -> tuple[str | None, bool]:
     """The number after the last ``####`` (else in ``<answer>``), compared numerically (``gsm8k_accuracy``)."""
     answer = parse_gsm8k_answer(output)
-    correct = answer is not None and answer == _parse_number(gold_answer(gold))
+    expected = _parse_number(gold_answer(gold))
+    if expected is None:
+        raise ValueError(f"gold answer {gold!r:.100} is not a number")
+    correct = answer is not None and answer == expected
     return (None if answer is None else str(answer)), correct
 
 
 SCORERS: dict[str, Scorer] = {
     s.name: s
     for s in (
-        Scorer("count", "clevr_count", _score_count),
-        Scorer("math", "math_accuracy", _score_math),
-        Scorer("gsm8k", "gsm8k_accuracy", _score_gsm8k),
+        Scorer("count", "strict", "clevr_count", _score_count),
+        Scorer("r1v_count", "r1v", None, _score_r1v_count),
+        Scorer("math", "strict", "math_accuracy", _score_math),
+        Scorer("r1v_math", "r1v", None, _score_r1v_math),
+        Scorer("gsm8k", "strict", "gsm8k_accuracy", _score_gsm8k),
     )
 }
 
@@ -131,17 +181,39 @@ def missing_images(items: list[EvalItem]) -> list[str]:
 
 @dataclass(frozen=True)
 class Task:
-    """An eval task: its loader, prompt templates, scorer and R1-V's defaults."""
+    """An eval task: its loader, scoring rules (``SCORING_RULES`` key → ``SCORERS`` key), prompts, R1-V's defaults."""
 
     name: str
     loader: Callable[..., list[EvalItem]]
-    scorer: str
+    scorers: dict[str, str]
     eval_template: str
     train_template: str
     prompt_path: str | None = None
     batch_size: int = 16
     max_new_tokens: int = 256
     description: str = ""
+
+    @property
+    def rules(self) -> list[str]:
+        """The scoring rules this task has, in ``SCORING_RULES`` order."""
+        return [rule for rule in SCORING_RULES if rule in self.scorers]
+
+    def scorer(self, rule: str) -> Scorer:
+        """The scorer of ``rule``; one line saying why when the task has no such rule."""
+        if rule not in SCORING_RULES:
+            raise SuzakError(f"unknown scoring rule {rule!r}; known: {', '.join(SCORING_RULES)}")
+        if rule not in self.scorers:
+            raise SuzakError(f"{self.name} has no {rule!r} scoring rule ({_NO_RULE.get((self.name, rule), '')}); "
+                             f"use {' or '.join(self.rules)}")  # fmt: skip
+        return SCORERS[self.scorers[rule]]
+
+    def other_rule(self, rule: str) -> str | None:
+        """The rule reported beside ``rule`` (None when the task has only one)."""
+        return next((r for r in self.rules if r != rule), None)
+
+
+# Why a task lacks a rule, said where the rule is refused.
+_NO_RULE = {("gsm8k", "r1v"): "R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce"}
 
 
 def _r1v_items(prompt_path: str, *, image_root: str | None, template: str, **_unused) -> list[EvalItem]:
@@ -183,15 +255,17 @@ def _clevr_items(prompt_path: str | None, *, template: str, num_rows: int, data_
     return items
 
 
+_COUNT_RULES = {"r1v": "r1v_count", "strict": "count"}  # clevr_synthetic asks R1-V's question: R1-V's rule applies
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
-        Task("superclevr", _r1v_items, "count", "r1v_eval", "r1v", "prompts/superclevr_test200_counting_problems.jsonl",
-             64, 256, "SuperCLEVR counting, 200 questions (R1-V)"),
-        Task("geoqa", _r1v_items, "math", "r1v_geoqa", "r1v", "prompts/geoqa_test_prompts.jsonl", 50, 1024,
-             "GeoQA test, 754 questions (R1-V)"),
-        Task("gsm8k", _gsm8k_items, "gsm8k", "gsm8k", "gsm8k", None, 16, 512, "GSM8K test, 1319 questions (text)"),
-        Task("clevr_synthetic", _clevr_items, "count", "r1v", "r1v", None, 32, 256,
+        Task("superclevr", _r1v_items, _COUNT_RULES, "r1v_eval", "r1v",
+             "prompts/superclevr_test200_counting_problems.jsonl", 64, 256, "SuperCLEVR counting, 200 questions (R1-V)"),
+        Task("geoqa", _r1v_items, {"r1v": "r1v_math", "strict": "math"}, "r1v_geoqa", "r1v",
+             "prompts/geoqa_test_prompts.jsonl", 50, 1024, "GeoQA test, 754 questions (R1-V)"),
+        Task("gsm8k", _gsm8k_items, {"strict": "gsm8k"}, "gsm8k", "gsm8k", None, 16, 512,
+             "GSM8K test, 1319 questions (text)"),
+        Task("clevr_synthetic", _clevr_items, _COUNT_RULES, "r1v", "r1v", None, 32, 256,
              "held-out procedural CLEVR counting scenes"),
     )
 }  # fmt: skip
@@ -219,7 +293,18 @@ def load_items(task: Task, prompt_path: str | None = None, **options) -> list[Ev
     return task.loader(prompt_path or task.prompt_path, **options)
 
 
-def score(scorer: str, output: str, gold) -> tuple[Any, bool]:
-    """``(extracted_answer, is_correct)`` for ``output`` under a scorer (a ``SCORERS`` key or a task name)."""
-    name = TASKS[scorer].scorer if scorer in TASKS else scorer
-    return SCORERS[name].fn(output, gold)
+def score(scorer: str, output: str, gold, rule: str = "strict") -> tuple[Any, bool]:
+    """``(extracted_answer, is_correct)`` for ``output``: ``scorer`` is a ``SCORERS`` key, or a task name whose
+    ``rule`` (``strict`` or ``r1v``) is used."""
+    if scorer in TASKS:
+        return TASKS[scorer].scorer(rule).fn(output, gold)
+    return SCORERS[scorer].fn(output, gold)
+
+
+def score_rules(task: Task, output: str, gold) -> dict[str, tuple[Any, bool]]:
+    """``{rule: (extracted_answer, is_correct)}`` under every rule of ``task``.
+
+    >>> score_rules(TASKS["superclevr"], "<answer>2</answer> no, <answer>3</answer>", 3)
+    {'r1v': (2, False), 'strict': (3, True)}
+    """
+    return {rule: task.scorer(rule).fn(output, gold) for rule in task.rules}
