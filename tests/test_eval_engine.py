@@ -236,3 +236,36 @@ def test_vllm_missing_is_a_clear_error():
 def test_tasks_have_r1v_defaults():
     assert (TASKS["superclevr"].batch_size, TASKS["superclevr"].max_new_tokens) == (64, 256)
     assert (TASKS["geoqa"].batch_size, TASKS["geoqa"].max_new_tokens) == (50, 1024)
+
+
+def test_min_new_tokens_reaches_both_engines(tiny, tiny_processor):
+    """Benchmarks fix the answer length; each engine passes it on under its own library's name."""
+    from suzak.eval.engine import VLLMEngine
+
+    model, processor = tiny
+    engine = HFEngine(model, processor, BUDGET, batch_size=2, max_new_tokens=5, progress=False)
+    engine.min_new_tokens = 5
+    eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def favour_eos(module, args, output):  # a policy that would stop at once
+        output[..., eos] += 1e4
+        return output
+
+    hook = model.lm_head.register_forward_hook(favour_eos)
+    try:
+        inputs = engine.encode(_rows()[:2]).to(model.device)
+        lengths = []
+        original = model.generate
+        model.generate = lambda **kw: lengths.append(kw["min_new_tokens"]) or original(**kw)
+        engine.generate(_rows()[:2])
+        model.generate = original
+        plain = model.generate(**inputs, max_new_tokens=5, do_sample=False, suppress_tokens=engine.suppress_ids)
+        forced = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    finally:
+        hook.remove()
+    assert lengths == [5]
+    assert plain.shape[1] - inputs["input_ids"].shape[1] == 1 < forced.shape[1] - inputs["input_ids"].shape[1] == 5
+    FakeLLM.instances.clear()
+    vllm_engine = VLLMEngine("some/model", tiny_processor, max_images_per_prompt=0, vllm_module=fake_vllm_module())
+    vllm_engine.min_new_tokens = 7
+    assert vllm_engine.sampling_params(0.0, None)["min_tokens"] == 7

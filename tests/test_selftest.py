@@ -143,3 +143,19 @@ def test_counting_selftest_learns_to_count_aligned_but_not_shuffled(tmp_path):
     assert report["aligned_accuracy"] >= 0.6 and 0.2 <= report["control_accuracy"] <= 0.47
     assert report["heldout_accuracy"] >= 0.6  # unseen scenes, greedy, through the evaluation engine
     assert report["detail"]["heldout"]["shuffled"] < 0.5
+
+
+def test_vllm_selftest_needs_a_gpu_and_configures_colocate(tmp_path):
+    from trl import GRPOConfig
+
+    from suzak.selftest import SelfTestConfig, _vllm_settings
+
+    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--vllm"], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "--vllm needs --device cuda" in result.stderr
+    with pytest.raises(ValueError, match="needs a GPU"):
+        SelfTestConfig(vllm=True)
+    assert _vllm_settings(SelfTestConfig()) == {}
+    settings = _vllm_settings(SelfTestConfig(device="cuda", vllm=True))
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **settings)  # GRPOConfig's own field names
+    assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.15)

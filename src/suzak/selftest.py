@@ -28,6 +28,7 @@ machine, before spending GPU hours:
     python -m suzak.selftest                        # color: aligned + shuffled control, seed 0, 150 steps each
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
     python -m suzak.selftest --device cuda --json selftest.json
+    python -m suzak.selftest --device cuda --vllm   # training generates with vLLM (colocate): a GPU install
 """
 
 from __future__ import annotations
@@ -115,10 +116,13 @@ class SelfTestConfig:
     temperature: float = 1.0
     loss_type: str = "dapo"
     device: str = "cpu"
+    vllm: bool = False  # training generates with vLLM colocated on the GPU (each run in its own process)
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"unknown self-test task {self.task!r}; known: {', '.join(TASKS)}")
+        if self.vllm and self.device != "cuda":
+            raise ValueError("vLLM generation needs a GPU: --vllm goes with --device cuda")
         self.steps = self.spec.steps if self.steps is None else self.steps
         self.learning_rate = self.spec.learning_rate if self.learning_rate is None else self.learning_rate
 
@@ -318,7 +322,7 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         num_generations=config.generations, max_completion_length=spec.max_completion_length,
         temperature=config.temperature, beta=0.0, loss_type=config.loss_type,
         logging_steps=1, save_strategy="no", report_to="none", bf16=False, gradient_checkpointing=False,
-        use_cpu=config.device == "cpu", disable_tqdm=True,
+        use_cpu=config.device == "cpu", disable_tqdm=True, **_vllm_settings(config),
     )  # fmt: skip
     trace = _RewardTrace()
     trainer = VLMGRPOTrainer(
@@ -328,6 +332,26 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
     trainer.train()
     return trace.rewards, *_heldout(trainer, config, list(heldout))
+
+
+def _vllm_settings(config: SelfTestConfig) -> dict:
+    """GRPOConfig fields for vLLM generation: colocated, a small share of the GPU (the tiny model needs little)."""
+    if not config.vllm:
+        return {}
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.15,
+            "vllm_max_model_length": 1024}  # fmt: skip
+
+
+def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path):
+    """``_train``; with vLLM in a fresh process, since a colocated vLLM engine keeps the GPU and its process group
+    until its process ends and each condition starts its own."""
+    if not config.vllm:
+        return _train(config, model_dir, images, output_dir)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_train, config, model_dir, images, output_dir).result()
 
 
 def unsuppressed_tokens(trainer, engine) -> list[str]:
@@ -380,7 +404,7 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
         model_dir = build_tiny_model(Path(tmp) / "model")
         runs = {}
         for images in conditions:
-            rewards, heldout, unsuppressed = _train(config, model_dir, images, Path(tmp) / images)
+            rewards, heldout, unsuppressed = _train_in_process(config, model_dir, images, Path(tmp) / images)
             runs[images] = {"rewards": rewards, "heldout": heldout, "unsuppressed": unsuppressed}
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     low, high = spec.control_band
@@ -398,6 +422,7 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
         "heldout": {name: run["heldout"] for name, run in runs.items()},
         "windows": {name: windows(run["rewards"]) for name, run in runs.items()},
         "steps": config.steps,
+        "generation": "vllm" if config.vllm else "hf",
         "unsuppressed_in_eval": unsuppressed,
         "seconds": round(time.monotonic() - start, 1),
         "passed": all(ok.values()) and not unsuppressed,
@@ -434,11 +459,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="GRPO steps per run (default: the task's, " + ", ".join(
                             f"{name} {spec.steps}" for name, spec in TASKS.items()) + ")")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--vllm", action="store_true",
+                        help="training generates with vLLM colocated on the GPU (needs --device cuda and vLLM)")  # fmt: skip
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
+    if args.vllm and args.device != "cuda":
+        parser.error("--vllm needs --device cuda: vLLM generates on a GPU")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
-    config = SelfTestConfig(task=args.task, seed=args.seed, steps=args.steps, device=args.device)
+    config = SelfTestConfig(task=args.task, seed=args.seed, steps=args.steps, device=args.device, vllm=args.vllm)
     report = run_selftest(config, ("aligned", "shuffled") if args.images is None else (args.images,))
     print(format_report(report))
     if args.json:

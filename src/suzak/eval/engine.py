@@ -68,6 +68,7 @@ class _BatchedEngine(abc.ABC):
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.progress = progress
+        self.min_new_tokens = 0  # > 0 forces every answer to at least this length (benchmarks: equal work per engine)
         self.suppress_ids = vision_token_ids(processing_class)
         configure_processor(processing_class, self.budget)
         pad_left(processing_class)
@@ -151,6 +152,7 @@ class HFEngine(_BatchedEngine):
             max_new_tokens=self.max_new_tokens,
             suppress_tokens=self.suppress_ids or None,
             pad_token_id=self.pad_token_id,
+            min_new_tokens=self.min_new_tokens or None,
             **_sampling_kwargs(temperature),
         )
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]  # (B, new): left padding puts every prompt end here
@@ -227,6 +229,7 @@ class VLLMEngine(_BatchedEngine):
             temperature=temperature,
             top_p=1.0,
             max_tokens=self.max_new_tokens,
+            min_tokens=self.min_new_tokens,
             seed=seed,
             repetition_penalty=self.repetition_penalty,
             logit_bias={token: -100.0 for token in self.suppress_ids} or None,

@@ -36,14 +36,18 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_superclevr(root: str | Path, num: int = 8, *, seed: int = 0) -> Path:
-    """``num`` SuperCLEVR-format lines (ids 25000…) and their images under ``root``; returns the JSONL path."""
+def write_superclevr(root: str | Path, num: int = 8, *, seed: int = 0,
+                     sizes: tuple[tuple[int, int], ...] = SUPERCLEVR_SIZES) -> Path:  # fmt: skip
+    """``num`` SuperCLEVR-format lines (ids 25000…) and their images under ``root``; returns the JSONL path.
+
+    Images are drawn at 640×480 and resized to ``sizes`` (width, height), cycled over the items.
+    """
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(num):
         scene = sample_scene(scene_rng(seed, i), width=640, height=480)
-        image = render_scene(scene).resize(SUPERCLEVR_SIZES[i % len(SUPERCLEVR_SIZES)], Image.Resampling.BICUBIC)
+        image = render_scene(scene).resize(sizes[i % len(sizes)], Image.Resampling.BICUBIC)
         name = f"superCLEVR_new_{25000 + i:06d}.png"
         image.save(root / "images" / name)
         rows.append(

@@ -1,0 +1,398 @@
+"""GRPO step speed: suzak's trainer against the plain TRL GRPOTrainer a user would write, HF generation and vLLM.
+
+    python bench/bench_grpo_speed.py --device cpu                       # tiny model on CPU: the suzak / TRL ratio
+    python bench/bench_grpo_speed.py --device cuda --shape 3b           # {trl, suzak} x {hf, vllm} x {8, 64} on a GPU
+    python bench/bench_grpo_speed.py --device cuda --shape 3b --rows suzak:vllm:64 suzak:hf:64 --steps 4
+    python bench/bench_grpo_speed.py --table bench/results_grpo_speed.jsonl
+
+Both trainers run from the same recipe (recipes/smoke.yaml on the CPU, the shape's CLEVR recipe on a GPU) with the
+same model, rows, rewards and GRPOConfig, and every completion has exactly ``--completion_tokens`` tokens (HF
+``min_new_tokens``, vLLM ``min_tokens``), so the rows do the same work:
+
+- ``suzak``: ``suzak.train.build_trainer`` plus the run's CSV streams, the path ``python -m suzak.train`` takes (pixel
+  budget fitting, vLLM prompt fix, pre-checks, metrics.csv and completions.csv all included);
+- ``trl``: ``trl.GRPOTrainer`` given the model, the dataset, the rewards and the config, the processor loaded by hand
+  with the budget and left padding as Qwen's docs show; TRL's vLLM path as it is (image tokens expanded twice,
+  TRL #6294, and vision placeholders not suppressed).
+
+Each configuration runs in its own process (fresh memory, one vLLM engine; under torchrun when DeepSpeed is on).
+Columns: s/step (mean over the steps after ``--warmup``), completion and prompt+completion tokens/s, peak memory
+(torch's peak allocation; device memory in use at the end, which includes vLLM's KV cache), MFU, and the split of
+a step into generation (``_generate_single_turn``), scoring (``_calculate_rewards``) and the rest (logprob
+forwards, forward/backward, optimizer). MFU = (6 + 2·F)·P·T / (s/step · 989e12), P the parameters, T the prompt +
+completion tokens of a step and F the extra forward passes (reference model when beta > 0, old policy when TRL
+computes it), against the H100's 989 TFLOP/s dense bf16; none on the CPU. On the CPU each configuration is repeated
+(``--repeats``, interleaved trl/suzak) and the median is reported with the suzak / trl ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results_grpo_speed.jsonl"
+H100_BF16_FLOPS = 989e12  # dense bf16, NVIDIA's H100 SXM figure
+RECIPES = {
+    "tiny": "recipes/smoke.yaml",
+    "3b": "recipes/clevr_qwen2.5vl_3b.yaml",
+    "7b": "recipes/clevr_qwen2.5vl_7b.yaml",
+}
+ROW_MARK = "BENCH_ROW "
+
+
+@dataclass
+class Spec:
+    """One configuration (a row of the table)."""
+
+    trainer: str  # trl | suzak
+    generation: str  # hf | vllm
+    completions: int  # per step (per device), 8 per prompt
+    shape: str = "tiny"
+    device: str = "cpu"
+    completion_tokens: int = 32
+    steps: int = 6
+    warmup: int = 2
+    deepspeed: str | None = None
+    overrides: list[str] = field(default_factory=list)  # extra recipe flags, e.g. ["--beta", "0"]
+    model_dir: str = "/tmp/suzak-bench"
+
+
+# --- one configuration, in its own process ---------------------------------------------------------------------
+
+
+def recipe_cli(spec: Spec, model_path: str, output_dir: str) -> list[str]:
+    """The recipe plus the benchmark's fixed settings, as ``python -m suzak.train`` flags."""
+    prompts = max(1, spec.completions // 8)
+    cli = [
+        "--config", RECIPES[spec.shape], "--model_name_or_path", model_path, "--output_dir", output_dir,
+        "--dataset_name", "clevr_synthetic",
+        "--dataset_options", json.dumps({"num_rows": 16 * prompts * (spec.steps + 1), "seed": 0, "progress": False}),
+        "--max_steps", str(spec.steps), "--per_device_train_batch_size", str(spec.completions),
+        "--num_generations", str(min(8, spec.completions)), "--gradient_accumulation_steps", "1",
+        "--max_completion_length", str(spec.completion_tokens), "--report_to", "none", "--save_strategy", "no",
+        "--logging_steps", "1", "--log_completions", "false", "--use_vllm", str(spec.generation == "vllm").lower(),
+        "--vllm_mode", "colocate", "--attn_implementation", "sdpa",
+    ]  # fmt: skip
+    if spec.deepspeed:
+        cli += ["--deepspeed", spec.deepspeed]
+    return cli + spec.overrides
+
+
+class StepClock:
+    """Wall time of every optimizer step, and of the generation and scoring inside it (TRL's own hooks, wrapped on
+    the trainer instance: nothing of TRL is edited)."""
+
+    def __init__(self, device: str):
+        from transformers import TrainerCallback
+
+        self.device = device
+        self.steps: list[dict[str, float]] = []
+        clock = self
+
+        class Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                clock.sync()
+                clock.steps.append({"start": time.perf_counter(), "gen": 0.0, "score": 0.0})
+
+            def on_step_end(self, args, state, control, **kwargs):
+                clock.sync()
+                clock.steps[-1]["total"] = time.perf_counter() - clock.steps[-1]["start"]
+
+        self.callback = Callback()
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def wrap(self, trainer) -> None:
+        for method, key in (("_generate_single_turn", "gen"), ("_calculate_rewards", "score")):
+            original = getattr(trainer, method)
+
+            def timed(*args, _original=original, _key=key, **kwargs):
+                self.sync()
+                start = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self.sync()
+                    if self.steps:
+                        self.steps[-1][_key] += time.perf_counter() - start
+
+            setattr(trainer, method, timed)
+
+
+def plain_trl_trainer(suzak_args, grpo_args, model_args, callbacks):
+    """What a user writes with TRL alone for the same recipe: model, processor with the budget, data, rewards."""
+    from transformers import AutoProcessor
+    from trl import GRPOTrainer, get_peft_config
+
+    from suzak.modeling import load_model_and_processor
+    from suzak.rewards import resolve_rewards
+    from suzak.train import build_datasets
+
+    model, _ = load_model_and_processor(model_args, grpo_args)  # the same weights, dtype and attention as suzak's
+    processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, min_pixels=suzak_args.min_pixels,
+                                              max_pixels=suzak_args.max_pixels, padding_side="left")  # fmt: skip
+    dataset, _ = build_datasets(suzak_args, grpo_args.seed)
+    rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+    return GRPOTrainer(model=model, reward_funcs=rewards, args=grpo_args, train_dataset=dataset,
+                       processing_class=processor, peft_config=get_peft_config(model_args), callbacks=callbacks)  # fmt: skip
+
+
+def extra_forwards(trainer) -> int:
+    """Forward passes per step besides the policy's own: the reference model (beta > 0) and the old policy, which
+    TRL computes when generation and optimisation steps are misaligned or for vLLM's importance sampling."""
+    args = trainer.args
+    reference = trainer.beta != 0.0
+    generate_every = args.steps_per_generation * trainer.num_iterations
+    old_policy = args.gradient_accumulation_steps % generate_every != 0 or (
+        trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    )
+    return int(reference) + int(old_policy)
+
+
+def _peak_memory(device: str) -> tuple[float, float | None]:
+    """(peak GiB, device GiB in use now): torch's peak allocation and the whole GPU's use (vLLM included); RSS on CPU."""
+    if device == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return torch.cuda.max_memory_allocated() / 2**30, (total - free) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, None
+
+
+def _model_path(spec: Spec) -> str:
+    if spec.shape == "tiny":
+        from suzak.modeling import resolve_model_path
+
+        return resolve_model_path("tiny")
+    from shapes import make_random_model
+
+    return str(make_random_model(spec.shape, Path(spec.model_dir) / f"qwen2.5-vl-{spec.shape}-random"))
+
+
+def measure(spec: Spec) -> dict:
+    """Train ``spec.steps`` steps and return the row (rank 0's view under torchrun)."""
+    import torch
+
+    from suzak.callbacks import add_run_callbacks
+    from suzak.train import build_trainer, parse_args
+
+    torch.manual_seed(0)
+    output_dir = tempfile.mkdtemp(prefix="suzak-speed-")
+    suzak_args, grpo_args, model_args = parse_args(recipe_cli(spec, _model_path(spec), output_dir))
+    key = "min_tokens" if spec.generation == "vllm" else "min_new_tokens"
+    grpo_args.generation_kwargs = {key: spec.completion_tokens}  # every completion exactly this long
+    clock = StepClock(spec.device)
+    if spec.trainer == "suzak":
+        trainer = build_trainer(suzak_args, grpo_args, model_args, callbacks=[clock.callback])
+        add_run_callbacks(trainer)  # metrics.csv and completions.csv, as a suzak run writes them
+    else:
+        trainer = plain_trl_trainer(suzak_args, grpo_args, model_args, [clock.callback])
+    clock.wrap(trainer)
+    if spec.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    steady = clock.steps[spec.warmup :] or clock.steps
+    s_per_step = statistics.fmean(s["total"] for s in steady)
+    cumulative = [0] + [log["num_tokens"] for log in trainer.state.log_history if "num_tokens" in log]
+    tokens = [b - a for a, b in zip(cumulative, cumulative[1:], strict=False)][spec.warmup :] or [cumulative[-1]]
+    step_tokens = statistics.fmean(tokens)  # prompt + completion tokens of a step (TRL's num_tokens, per step)
+    completion_tokens = spec.completions * spec.completion_tokens
+    params = sum(p.numel() for p in trainer.model.parameters())
+    forwards = extra_forwards(trainer)
+    peak, in_use = _peak_memory(spec.device)
+    flops = (6 + 2 * forwards) * params * step_tokens
+    return {
+        "trainer": spec.trainer, "generation": spec.generation, "shape": spec.shape,
+        "device": torch.cuda.get_device_name() if spec.device == "cuda" else "cpu",
+        "completions": spec.completions, "completion_tokens": spec.completion_tokens,
+        "prompt_tokens": round((step_tokens - completion_tokens) / spec.completions, 1),
+        "s_per_step": round(s_per_step, 3),
+        "completion_tokens_per_s": round(completion_tokens / s_per_step, 1),
+        "tokens_per_s": round(step_tokens / s_per_step, 1),
+        "peak_gib": round(peak, 2), "device_used_gib": None if in_use is None else round(in_use, 1),
+        "mfu": round(flops / s_per_step / H100_BF16_FLOPS, 4) if spec.device == "cuda" else None,
+        "gen_s": round(statistics.fmean(s["gen"] for s in steady), 3),
+        "score_s": round(statistics.fmean(s["score"] for s in steady), 3),
+        "rest_s": round(statistics.fmean(s["total"] - s["gen"] - s["score"] for s in steady), 3),
+        "steps": spec.steps, "warmup": spec.warmup, "params": params, "extra_forwards": forwards,
+        "beta": trainer.beta, "deepspeed": Path(spec.deepspeed).stem if spec.deepspeed else "none",
+        "overrides": " ".join(spec.overrides), "torch_threads": torch.get_num_threads(),
+    }  # fmt: skip
+
+
+def child(spec_json: str) -> None:
+    spec = Spec(**json.loads(spec_json))
+    try:
+        row = measure(spec) | {"status": "ok"}
+    except Exception as error:  # noqa: BLE001 - a failed configuration is a row of the table, not a crashed bench
+        row = {"trainer": spec.trainer, "generation": spec.generation, "shape": spec.shape, "device": spec.device,
+               "completions": spec.completions, "completion_tokens": spec.completion_tokens,
+               "status": f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"}  # fmt: skip
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(ROW_MARK + json.dumps(row), flush=True)
+
+
+# --- the driver: one process per configuration, rows appended, one table -----------------------------------------
+
+
+def run_spec(spec: Spec, log_dir: Path) -> dict:
+    """Run one configuration in a fresh process; its row (or why it produced none)."""
+    launcher = [sys.executable]
+    if spec.deepspeed:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    command = [*launcher, str(Path(__file__).resolve()), "--child", json.dumps(asdict(spec))]
+    name = f"{spec.shape}-{spec.trainer}-{spec.generation}-{spec.completions}-{int(time.time())}.log"
+    log = log_dir / name
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    with log.open("w") as handle:
+        result = subprocess.run(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    rows = [line[len(ROW_MARK) :] for line in log.read_text().splitlines() if line.startswith(ROW_MARK)]
+    if rows:
+        return json.loads(rows[-1])
+    tail = " | ".join(log.read_text().strip().splitlines()[-3:])[-300:]
+    return asdict(spec) | {"status": f"exit {result.returncode}: {tail}"}
+
+
+def matrix(args) -> list[Spec]:
+    rows = args.rows or [f"{t}:{g}:{n}" for n in args.completions for g in args.generations for t in ("trl", "suzak")]
+    specs = []
+    for text in rows:
+        trainer, generation, completions = text.split(":")
+        specs.append(Spec(trainer, generation, int(completions), shape=args.shape, device=args.device,
+                          completion_tokens=args.completion_tokens, steps=args.steps, warmup=args.warmup,
+                          deepspeed=args.deepspeed, overrides=args.set, model_dir=args.model_dir))  # fmt: skip
+    return specs
+
+
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _commit() -> str:
+    if os.environ.get("SUZAK_COMMIT"):  # a copy of the tree without .git (the benchmark GPU machine)
+        return os.environ["SUZAK_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+COLUMNS = ["trainer", "generation", "shape", "completions", "completion_tokens", "prompt_tokens", "s_per_step",
+           "completion_tokens_per_s", "tokens_per_s", "peak_gib", "device_used_gib", "mfu", "gen_s", "score_s",
+           "rest_s", "deepspeed", "overrides", "status"]  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table of rows; repeated configurations (CPU) are folded into their median, with the run count."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = tuple(row.get(c) for c in ("device", "trainer", "generation", "shape", "completions",
+                                         "completion_tokens", "deepspeed", "overrides", "date"))  # fmt: skip
+        groups.setdefault(key, []).append(row)
+    lines = ["| device | runs | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
+    for group in groups.values():
+        ok = [r for r in group if r.get("status") == "ok"] or group
+        cells = []
+        for column in COLUMNS:
+            values = [r.get(column) for r in ok]
+            numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            cells.append(str(round(statistics.median(numbers), 4)) if numbers and len(numbers) == len(values)
+                         else str(values[0] if values[0] is not None else ""))  # fmt: skip
+        lines.append(f"| {group[0].get('device', '')} | {len(ok)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """suzak / trl median step time for each (device, generation, shape, completions) both trainers measured."""
+    medians: dict[tuple, dict[str, float]] = {}
+    for row in rows:
+        if row.get("status") != "ok":
+            continue
+        key = (row["device"], row["generation"], row["shape"], row["completions"], row.get("overrides", ""))
+        medians.setdefault(key, {}).setdefault(row["trainer"], []).append(row["s_per_step"])
+    lines = []
+    for (device, generation, shape, completions, overrides), by in medians.items():
+        if {"trl", "suzak"} <= set(by):
+            suzak, trl = statistics.median(by["suzak"]), statistics.median(by["trl"])
+            lines.append(f"suzak / trl step time, {shape} on {device}, {generation}, {completions} completions"
+                         f"{' ' + overrides if overrides else ''}: {suzak:.3f} / {trl:.3f} s = {suzak / trl:.3f} "
+                         f"(median of {len(by['suzak'])} and {len(by['trl'])} runs)")  # fmt: skip
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--shape", choices=sorted(RECIPES), default=None, help="default: tiny on cpu, 3b on cuda")
+    parser.add_argument("--rows", nargs="+", help="TRAINER:GENERATION:COMPLETIONS, e.g. suzak:vllm:64 (default: "
+                        "{trl,suzak} x --generations x --completions)")  # fmt: skip
+    parser.add_argument("--generations", nargs="+", choices=["hf", "vllm"], default=None,
+                        help="default: hf, plus vllm where it imports (GPU)")  # fmt: skip
+    parser.add_argument("--completions", nargs="+", type=int, default=[8, 64], help="completions per step")
+    parser.add_argument("--completion_tokens", type=int, default=None, help="fixed length (default: 32 cpu, 256 gpu)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 8 cpu, 5 gpu)")
+    parser.add_argument("--warmup", type=int, default=None, help="first steps left out (default: 2 cpu, 1 gpu)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: 3 cpu, 1 gpu)")
+    parser.add_argument("--deepspeed", default=None,
+                        help="DeepSpeed config (default on a GPU for 3b/7b: ds_configs/zero2_offload.json, what the "
+                        "launch script picks on one GPU; 'none' for none)")  # fmt: skip
+    parser.add_argument("--set", nargs="+", default=[], metavar="FLAG", help="extra recipe flags, e.g. --set --beta 0")
+    parser.add_argument("--model_dir", default="/tmp/suzak-bench", help="where random-init models are saved")
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--table", default=None, help="print the table of a results file and exit")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    if args.table:
+        rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
+        print(table(rows))
+        print("\n".join(ratios(rows)))
+        return
+    gpu = args.device == "cuda"
+    args.shape = args.shape or ("3b" if gpu else "tiny")
+    args.generations = args.generations or (["hf", "vllm"] if gpu and vllm_importable() else ["hf"])
+    args.completion_tokens = args.completion_tokens or (256 if gpu else 32)
+    args.steps = args.steps or (5 if gpu else 8)
+    args.warmup = args.warmup if args.warmup is not None else (1 if gpu else 2)
+    repeats = args.repeats or (1 if gpu else 3)
+    if args.deepspeed is None and gpu and args.shape != "tiny":
+        args.deepspeed = "ds_configs/zero2_offload.json"
+    args.deepspeed = None if args.deepspeed == "none" else args.deepspeed
+    date = datetime.date.today().isoformat()
+    log_dir = Path(tempfile.mkdtemp(prefix="suzak-speed-logs-"))
+    measured = []
+    for repeat in range(repeats):
+        for spec in matrix(args):  # trl and suzak alternate, so a slow spell of the machine hits both
+            row = run_spec(spec, log_dir) | {"date": date, "commit": _commit(), "repeat": repeat}
+            measured.append(row)
+            with open(args.results, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    print(table(measured))
+    print("\n".join(ratios(measured)))
+    print(f"rows appended to {args.results}; logs in {log_dir}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/shapes.py
+    main()

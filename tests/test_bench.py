@@ -1,0 +1,49 @@
+"""The benchmark scripts run (CPU, tiny model): rows with every documented field. Correctness, never timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+GRPO_FIELDS = {"trainer", "generation", "shape", "device", "completions", "completion_tokens", "s_per_step",
+               "completion_tokens_per_s", "peak_gib", "mfu", "status", "date", "gen_s", "score_s", "rest_s"}  # fmt: skip
+EVAL_FIELDS = {"engine", "device", "items", "batch_size", "items_per_s", "status", "date"}
+
+
+def _run(script: str, *args: str, env: dict) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result
+
+
+@pytest.mark.slow
+def test_grpo_speed_bench_measures_both_trainers_on_cpu(tmp_path, run_env):
+    results = tmp_path / "speed.jsonl"
+    out = _run("bench_grpo_speed.py", "--device", "cpu", "--rows", "trl:hf:8", "suzak:hf:8", "--steps", "2",
+               "--warmup", "1", "--repeats", "1", "--completion_tokens", "8", "--results", str(results), env=run_env)  # fmt: skip
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["trainer"], r["status"]) for r in rows] == [("trl", "ok"), ("suzak", "ok")]
+    for row in rows:
+        assert GRPO_FIELDS <= set(row) and row["shape"] == "tiny" and row["device"] == "cpu" and row["mfu"] is None
+        assert row["completion_tokens_per_s"] == pytest.approx(8 * 8 / row["s_per_step"], rel=0.01)
+        assert 0 < row["gen_s"] < row["s_per_step"] and row["prompt_tokens"] > 8  # a prompt with an image
+    assert "suzak / trl step time, tiny on cpu, hf, 8 completions" in out.stdout
+    table = _run("bench_grpo_speed.py", "--table", str(results), env=run_env).stdout
+    assert table.count("| cpu | 1 | ") == 2
+
+
+@pytest.mark.slow
+def test_eval_speed_bench_runs_the_hf_engine_on_cpu(tmp_path, run_env):
+    results = tmp_path / "eval.jsonl"
+    _run("bench_eval_speed.py", "--device", "cpu", "--shape", "tiny", "--rows", "hf:4", "--items", "8",
+         "--answer_tokens", "6", "--results", str(results), env=run_env)  # fmt: skip
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert EVAL_FIELDS <= set(row) and row["status"] == "ok", row
+    assert (row["engine"], row["items"], row["batch_size"]) == ("hf", 8, 4) and row["items_per_s"] > 0
+    assert row["decoded_tokens_median"] >= 3  # min_new_tokens held the answers to their fixed length (decoded)
