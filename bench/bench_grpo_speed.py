@@ -16,13 +16,15 @@ same model, rows, rewards and GRPOConfig, and every completion has exactly ``--c
   TRL #6294, and vision placeholders not suppressed).
 
 Each configuration runs in its own process (fresh memory, one vLLM engine; under torchrun when DeepSpeed is on).
-Columns: s/step (mean over the steps after ``--warmup``), completion and prompt+completion tokens/s, peak memory
+Columns: s/step (median over the steps after ``--warmup``), completion and prompt+completion tokens/s, peak memory
 (torch's peak allocation; device memory in use at the end, which includes vLLM's KV cache), MFU, and the split of
 a step into generation (``_generate_single_turn``), scoring (``_calculate_rewards``) and the rest (logprob
 forwards, forward/backward, optimizer). MFU = (6 + 2·F)·P·T / (s/step · 989e12), P the parameters, T the prompt +
 completion tokens of a step and F the extra forward passes (reference model when beta > 0, old policy when TRL
 computes it), against the H100's 989 TFLOP/s dense bf16; none on the CPU. On the CPU each configuration is repeated
-(``--repeats``, interleaved trl/suzak) and the median is reported with the suzak / trl ratio.
+(``--repeats``, interleaved trl/suzak) and the median is reported with the suzak / trl ratio, of wall time and of
+the process's CPU time per step (which a busy host or a stolen virtual CPU does not inflate; most stable with
+``--threads 1``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Spec:
     generation: str  # hf | vllm
     completions: int  # per step (per device), 8 per prompt
     shape: str = "tiny"
+    threads: int | None = None  # torch's CPU threads (None: torch's default)
     device: str = "cpu"
     completion_tokens: int = 32
     steps: int = 6
@@ -102,11 +105,14 @@ class StepClock:
         class Callback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
                 clock.sync()
-                clock.steps.append({"start": time.perf_counter(), "gen": 0.0, "score": 0.0})
+                clock.steps.append({"start": time.perf_counter(), "cpu_start": time.process_time(), "gen": 0.0,
+                                    "score": 0.0})  # fmt: skip
 
             def on_step_end(self, args, state, control, **kwargs):
                 clock.sync()
-                clock.steps[-1]["total"] = time.perf_counter() - clock.steps[-1]["start"]
+                step = clock.steps[-1]
+                step["total"] = time.perf_counter() - step["start"]
+                step["cpu"] = time.process_time() - step["cpu_start"]
 
         self.callback = Callback()
 
@@ -193,6 +199,8 @@ def measure(spec: Spec) -> dict:
     from suzak.train import build_trainer, parse_args
 
     torch.manual_seed(0)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
     output_dir = tempfile.mkdtemp(prefix="suzak-speed-")
     suzak_args, grpo_args, model_args = parse_args(recipe_cli(spec, _model_path(spec), output_dir))
     key = "min_tokens" if spec.generation == "vllm" else "min_new_tokens"
@@ -208,7 +216,7 @@ def measure(spec: Spec) -> dict:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     steady = clock.steps[spec.warmup :] or clock.steps
-    s_per_step = statistics.fmean(s["total"] for s in steady)
+    s_per_step = statistics.median(s["total"] for s in steady)  # a stray slow step (a busy host) does not count
     cumulative = [0] + [log["num_tokens"] for log in trainer.state.log_history if "num_tokens" in log]
     tokens = [b - a for a, b in zip(cumulative, cumulative[1:], strict=False)][spec.warmup :] or [cumulative[-1]]
     step_tokens = statistics.fmean(tokens)  # prompt + completion tokens of a step (TRL's num_tokens, per step)
@@ -223,6 +231,7 @@ def measure(spec: Spec) -> dict:
         "completions": spec.completions, "completion_tokens": spec.completion_tokens,
         "prompt_tokens": round((step_tokens - completion_tokens) / spec.completions, 1),
         "s_per_step": round(s_per_step, 3),
+        "cpu_s_per_step": round(statistics.median(s["cpu"] for s in steady), 3),  # process CPU time: host noise-free
         "completion_tokens_per_s": round(completion_tokens / s_per_step, 1),
         "tokens_per_s": round(step_tokens / s_per_step, 1),
         "peak_gib": round(peak, 2), "device_used_gib": None if in_use is None else round(in_use, 1),
@@ -276,7 +285,8 @@ def matrix(args) -> list[Spec]:
         trainer, generation, completions = text.split(":")
         specs.append(Spec(trainer, generation, int(completions), shape=args.shape, device=args.device,
                           completion_tokens=args.completion_tokens, steps=args.steps, warmup=args.warmup,
-                          deepspeed=args.deepspeed, overrides=args.set, model_dir=args.model_dir))  # fmt: skip
+                          deepspeed=args.deepspeed, overrides=args.set, model_dir=args.model_dir,
+                          threads=args.threads))  # fmt: skip
     return specs
 
 
@@ -297,8 +307,8 @@ def _commit() -> str:
 
 
 COLUMNS = ["trainer", "generation", "shape", "completions", "completion_tokens", "prompt_tokens", "s_per_step",
-           "completion_tokens_per_s", "tokens_per_s", "peak_gib", "device_used_gib", "mfu", "gen_s", "score_s",
-           "rest_s", "deepspeed", "overrides", "status"]  # fmt: skip
+           "cpu_s_per_step", "completion_tokens_per_s", "tokens_per_s", "peak_gib", "device_used_gib", "mfu", "gen_s",
+           "score_s", "rest_s", "deepspeed", "overrides", "status"]  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
@@ -306,7 +316,7 @@ def table(rows: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         key = tuple(row.get(c) for c in ("device", "trainer", "generation", "shape", "completions",
-                                         "completion_tokens", "deepspeed", "overrides", "date"))  # fmt: skip
+                                         "completion_tokens", "steps", "deepspeed", "overrides", "date"))  # fmt: skip
         groups.setdefault(key, []).append(row)
     lines = ["| device | runs | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
     for group in groups.values():
@@ -315,8 +325,11 @@ def table(rows: list[dict]) -> str:
         for column in COLUMNS:
             values = [r.get(column) for r in ok]
             numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-            cells.append(str(round(statistics.median(numbers), 4)) if numbers and len(numbers) == len(values)
-                         else str(values[0] if values[0] is not None else ""))  # fmt: skip
+            if numbers and len(numbers) == len(values):
+                integral = all(isinstance(v, int) for v in numbers)
+                cells.append(str(statistics.median_low(numbers) if integral else round(statistics.median(numbers), 4)))
+            else:
+                cells.append(str(values[0] if values[0] is not None else ""))
         lines.append(f"| {group[0].get('device', '')} | {len(ok)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -327,15 +340,20 @@ def ratios(rows: list[dict]) -> list[str]:
     for row in rows:
         if row.get("status") != "ok":
             continue
-        key = (row["device"], row["generation"], row["shape"], row["completions"], row.get("overrides", ""))
+        key = tuple(row.get(c) for c in ("device", "generation", "shape", "completions", "overrides", "steps", "date"))
         medians.setdefault(key, {}).setdefault(row["trainer"], []).append(row["s_per_step"])
+        if row.get("device") == "cpu" and row.get("cpu_s_per_step") is not None:
+            medians.setdefault(key + ("cpu",), {}).setdefault(row["trainer"], []).append(row["cpu_s_per_step"])
     lines = []
-    for (device, generation, shape, completions, overrides), by in medians.items():
+    for key, by in medians.items():
+        device, generation, shape, completions, overrides, _, date = key[:7]
+        measure = "CPU time per step" if key[7:] == ("cpu",) else "step time"
         if {"trl", "suzak"} <= set(by):
             suzak, trl = statistics.median(by["suzak"]), statistics.median(by["trl"])
-            lines.append(f"suzak / trl step time, {shape} on {device}, {generation}, {completions} completions"
-                         f"{' ' + overrides if overrides else ''}: {suzak:.3f} / {trl:.3f} s = {suzak / trl:.3f} "
-                         f"(median of {len(by['suzak'])} and {len(by['trl'])} runs)")  # fmt: skip
+            spread = f"runs {min(by['suzak']):.3f}-{max(by['suzak']):.3f} and {min(by['trl']):.3f}-{max(by['trl']):.3f}"
+            lines.append(f"suzak / trl {measure}, {shape} on {device}, {generation}, {completions} completions"
+                         f"{' ' + overrides if overrides else ''} ({date}): {suzak:.3f} / {trl:.3f} s = "
+                         f"{suzak / trl:.3f} (medians of {len(by['suzak'])} and {len(by['trl'])} runs; {spread})")  # fmt: skip
     return lines
 
 
@@ -356,6 +374,7 @@ def main() -> None:
                         help="DeepSpeed config (default on a GPU for 3b/7b: ds_configs/zero2_offload.json, what the "
                         "launch script picks on one GPU; 'none' for none)")  # fmt: skip
     parser.add_argument("--set", nargs="+", default=[], metavar="FLAG", help="extra recipe flags, e.g. --set --beta 0")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--model_dir", default="/tmp/suzak-bench", help="where random-init models are saved")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--table", default=None, help="print the table of a results file and exit")
