@@ -125,6 +125,22 @@ def test_fit_row_images_covers_every_image_path():
     assert row["image"] is big  # the dataset row itself is not modified
 
 
+def test_copies_of_one_image_in_a_batch_are_resized_once(monkeypatch):
+    """TRL repeats each prompt num_generations times, each a separately decoded copy: one resize serves them all."""
+    import suzak.vision
+
+    calls = []
+    original = suzak.vision.fit_image
+    monkeypatch.setattr(suzak.vision, "fit_image", lambda image, *a: calls.append(image.size) or original(image, *a))
+    copies = [_image(3, (320, 240)) for _ in range(8)] + [_image(4, (320, 240))]  # equal content, distinct objects
+    memo: dict = {}
+    fitted = [fit_row_images({"image": img}, BUDGET, memo)["image"] for img in copies]
+    assert len(calls) == 2  # two distinct images
+    assert all(f is fitted[0] for f in fitted[:8]) and fitted[8] is not fitted[0]
+    assert fitted[0].tobytes() == BUDGET.fit(copies[0]).tobytes()
+    assert fit_row_images({"image": copies[0]}, BUDGET)["image"] is not fitted[0]  # no memo: no sharing
+
+
 def test_grpo_steps_with_images_train_every_parameter(tiny_model_dir, tmp_path):
     check = AlignmentCheck()
     trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward, check], cls=TokenCountingTrainer)

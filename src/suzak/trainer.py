@@ -50,7 +50,7 @@ __all__ = ["VLMGRPOTrainer", "fit_row_images"]
 logger = logging.getLogger(__name__)
 
 
-def _fit_message_images(messages: Any, budget: PixelBudget) -> Any:
+def _fit_message_images(messages: Any, fit: Callable[[Image.Image], Image.Image]) -> Any:
     """Messages with every inline ``{"type": "image", "image": <PIL>}`` part fitted; other parts untouched."""
     if not isinstance(messages, list):
         return messages
@@ -59,7 +59,7 @@ def _fit_message_images(messages: Any, budget: PixelBudget) -> Any:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             content = [
-                {**part, "image": budget.fit(part["image"])}
+                {**part, "image": fit(part["image"])}
                 if isinstance(part, dict) and isinstance(part.get("image"), Image.Image)
                 else part
                 for part in content
@@ -69,15 +69,37 @@ def _fit_message_images(messages: Any, budget: PixelBudget) -> Any:
     return fitted
 
 
-def fit_row_images(row: dict, budget: PixelBudget) -> dict:
-    """A copy of a batch row with its ``image``, ``images`` and inline message images fitted to ``budget``."""
+def _memo_fit(budget: PixelBudget, memo: dict | None) -> Callable[[Image.Image], Image.Image]:
+    """``budget.fit``, resizing each distinct image of ``memo``'s scope once.
+
+    A GRPO batch holds every prompt ``num_generations`` times, each a separately decoded copy of the same image:
+    keyed by content (mode, size, pixel bytes), the copies share one resize.
+    """
+    if memo is None:
+        return budget.fit
+
+    def fit(image: Image.Image) -> Image.Image:
+        key = (image.mode, image.size, image.tobytes())
+        if key not in memo:
+            memo[key] = budget.fit(image)
+        return memo[key]
+
+    return fit
+
+
+def fit_row_images(row: dict, budget: PixelBudget, memo: dict | None = None) -> dict:
+    """A copy of a batch row with its ``image``, ``images`` and inline message images fitted to ``budget``.
+
+    Rows fitted with the same ``memo`` dict resize an image they share (by content) only once.
+    """
+    fit = _memo_fit(budget, memo)
     row = dict(row)
     if isinstance(row.get("image"), Image.Image):
-        row["image"] = budget.fit(row["image"])
+        row["image"] = fit(row["image"])
     if isinstance(row.get("images"), list):
-        row["images"] = [budget.fit(img) if isinstance(img, Image.Image) else img for img in row["images"]]
+        row["images"] = [fit(img) if isinstance(img, Image.Image) else img for img in row["images"]]
     if "prompt" in row:
-        row["prompt"] = _fit_message_images(row["prompt"], budget)
+        row["prompt"] = _fit_message_images(row["prompt"], fit)
     return row
 
 
@@ -144,7 +166,8 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_extra_columns.clear()
-        output = super()._generate_and_score_completions([fit_row_images(row, self.pixel_budget) for row in inputs])
+        memo: dict = {}  # one resize per distinct image: each prompt is in the batch num_generations times
+        output = super()._generate_and_score_completions([fit_row_images(r, self.pixel_budget, memo) for r in inputs])
         if self.model.training and self.completion_listeners:
             self._publish_completions(inputs)
         return output
