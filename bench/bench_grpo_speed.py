@@ -3,6 +3,7 @@
     python bench/bench_grpo_speed.py --device cpu                       # tiny model on CPU: the suzak / TRL ratio
     python bench/bench_grpo_speed.py --device cuda --shape 3b           # {trl, suzak} x {hf, vllm} x {8, 64} on a GPU
     python bench/bench_grpo_speed.py --device cuda --shape 3b --rows suzak:vllm:64 suzak:hf:64 --steps 4
+    python bench/bench_grpo_speed.py --device cuda --rows suzak:vllm:64 --set beta=0 gradient_checkpointing=false
     python bench/bench_grpo_speed.py --table bench/results_grpo_speed.jsonl
 
 Both trainers run from the same recipe (recipes/smoke.yaml on the CPU, the shape's CLEVR recipe on a GPU) with the
@@ -278,6 +279,21 @@ def run_spec(spec: Spec, log_dir: Path) -> dict:
     return asdict(spec) | {"status": f"exit {result.returncode}: {tail}"}
 
 
+def recipe_flags(assignments: list[str]) -> list[str]:
+    """``["beta=0"]`` -> ``["--beta", "0"]``: recipe fields as ``python -m suzak.train`` flags.
+
+    >>> recipe_flags(["beta=0", "vllm_gpu_memory_utilization=0.2"])
+    ['--beta', '0', '--vllm_gpu_memory_utilization', '0.2']
+    """
+    flags = []
+    for text in assignments:
+        field_name, sep, value = text.partition("=")
+        if not sep or not field_name:
+            raise SystemExit(f"--set {text}: expected FIELD=VALUE, e.g. beta=0")
+        flags += [f"--{field_name.removeprefix('--')}", value]
+    return flags
+
+
 def matrix(args) -> list[Spec]:
     rows = args.rows or [f"{t}:{g}:{n}" for n in args.completions for g in args.generations for t in ("trl", "suzak")]
     specs = []
@@ -285,7 +301,7 @@ def matrix(args) -> list[Spec]:
         trainer, generation, completions = text.split(":")
         specs.append(Spec(trainer, generation, int(completions), shape=args.shape, device=args.device,
                           completion_tokens=args.completion_tokens, steps=args.steps, warmup=args.warmup,
-                          deepspeed=args.deepspeed, overrides=args.set, model_dir=args.model_dir,
+                          deepspeed=args.deepspeed, overrides=recipe_flags(args.set), model_dir=args.model_dir,
                           threads=args.threads))  # fmt: skip
     return specs
 
@@ -373,7 +389,8 @@ def main() -> None:
     parser.add_argument("--deepspeed", default=None,
                         help="DeepSpeed config (default on a GPU for 3b/7b: ds_configs/zero2_offload.json, what the "
                         "launch script picks on one GPU; 'none' for none)")  # fmt: skip
-    parser.add_argument("--set", nargs="+", default=[], metavar="FLAG", help="extra recipe flags, e.g. --set --beta 0")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="recipe fields for every row, e.g. --set beta=0 vllm_gpu_memory_utilization=0.2")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--model_dir", default="/tmp/suzak-bench", help="where random-init models are saved")
     parser.add_argument("--results", default=str(RESULTS))

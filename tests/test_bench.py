@@ -26,13 +26,15 @@ def _run(script: str, *args: str, env: dict) -> subprocess.CompletedProcess:
 def test_grpo_speed_bench_measures_both_trainers_on_cpu(tmp_path, run_env):
     results = tmp_path / "speed.jsonl"
     out = _run("bench_grpo_speed.py", "--device", "cpu", "--rows", "trl:hf:8", "suzak:hf:8", "--steps", "2",
-               "--warmup", "1", "--repeats", "1", "--completion_tokens", "8", "--results", str(results), env=run_env)  # fmt: skip
+               "--warmup", "1", "--repeats", "1", "--completion_tokens", "8", "--set", "beta=0.04", "--results",
+               str(results), env=run_env)  # fmt: skip
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [(r["trainer"], r["status"]) for r in rows] == [("trl", "ok"), ("suzak", "ok")]
     for row in rows:
         assert GRPO_FIELDS <= set(row) and row["shape"] == "tiny" and row["device"] == "cpu" and row["mfu"] is None
         assert row["completion_tokens_per_s"] == pytest.approx(8 * 8 / row["s_per_step"], rel=0.01)
         assert 0 < row["gen_s"] < row["s_per_step"] and row["prompt_tokens"] > 8  # a prompt with an image
+        assert (row["beta"], row["extra_forwards"], row["overrides"]) == (0.04, 1, "--beta 0.04")  # reference model
     assert "suzak / trl step time, tiny on cpu, hf, 8 completions" in out.stdout
     table = _run("bench_grpo_speed.py", "--table", str(results), env=run_env).stdout
     assert table.count("| cpu | 1 | ") == 2
