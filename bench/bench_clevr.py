@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from suzak.clevr import generate_rows
+from suzak.data.clevr import generate_rows
 
 
 def parse_args() -> argparse.Namespace:

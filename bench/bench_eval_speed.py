@@ -69,7 +69,7 @@ def measure(engine_name: str, batch_size: int, args) -> dict:
 
 def _model_path(args) -> str:
     if args.shape == "tiny":
-        from suzak.modeling import resolve_model_path
+        from suzak.models.loading import resolve_model_path
 
         return resolve_model_path("tiny")
     from shapes import make_random_model

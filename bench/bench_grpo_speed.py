@@ -145,9 +145,9 @@ def plain_trl_trainer(suzak_args, grpo_args, model_args, callbacks):
     from transformers import AutoProcessor
     from trl import GRPOTrainer, get_peft_config
 
-    from suzak.modeling import load_model_and_processor
+    from suzak.models.loading import load_model_and_processor
     from suzak.rewards import resolve_rewards
-    from suzak.train import build_datasets
+    from suzak.session import build_datasets
 
     model, _ = load_model_and_processor(model_args, grpo_args)  # the same weights, dtype and attention as suzak's
     processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, min_pixels=suzak_args.min_pixels,
@@ -184,7 +184,7 @@ def _peak_memory(device: str) -> tuple[float, float | None]:
 
 def _model_path(spec: Spec) -> str:
     if spec.shape == "tiny":
-        from suzak.modeling import resolve_model_path
+        from suzak.models.loading import resolve_model_path
 
         return resolve_model_path("tiny")
     from shapes import make_random_model
@@ -196,7 +196,7 @@ def measure(spec: Spec) -> dict:
     """Train ``spec.steps`` steps and return the row (rank 0's view under torchrun)."""
     import torch
 
-    from suzak.callbacks import add_run_callbacks
+    from suzak.runs.streams import add_run_callbacks
     from suzak.train import build_trainer, parse_args
 
     torch.manual_seed(0)

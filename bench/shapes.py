@@ -26,7 +26,7 @@ def make_random_model(shape: str, folder: Path) -> Path:
     """Save a random-init Qwen2.5-VL of the named shape with the tiny tokenizer/processor (token ids aligned)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from suzak.tiny import SPECIAL_TOKENS, TinyConfig, build_processor, build_tokenizer
+    from suzak.models.tiny import SPECIAL_TOKENS, TinyConfig, build_processor, build_tokenizer
 
     if (folder / "config.json").is_file():
         return folder

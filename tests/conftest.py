@@ -61,7 +61,7 @@ def run_env(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from suzak.tiny import build_tiny_model
+    from suzak.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2.5-vl")
 

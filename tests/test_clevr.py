@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from scipy import ndimage
 
-from suzak.clevr import (
+from suzak.data.clevr import (
     BORDER_MARGIN,
     COGENT,
     COLORS,

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.data import build_dataset, clevr_synthetic, gsm8k, gsm8k_gold, jsonl, save_dataset
+from suzak.data.builders import build_dataset, clevr_synthetic, gsm8k, gsm8k_gold, jsonl, save_dataset
 from suzak.prompts import render_prompt
 
 
@@ -132,7 +132,7 @@ def test_data_cli_clevr_sizes_and_zoom(tmp_path, monkeypatch):
     """`python -m suzak.data clevr_synthetic --sizes large --zoom 2` reaches the generator."""
     import json
 
-    from suzak.data import main
+    from suzak.data.builders import main
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     main(["clevr_synthetic", "--output", str(tmp_path / "out"), "--num_rows", "4", "--min_objects", "1",
@@ -155,7 +155,7 @@ def test_saved_dataset_reloads(tmp_path, fmt):
 def test_gsm8k_synthetic_rows_are_valid_gsm8k(tmp_path):
     import re
 
-    from suzak.data import gsm8k_synthetic
+    from suzak.data.builders import gsm8k_synthetic
 
     ds = gsm8k_synthetic(60, seed=3)
     assert {"prompt", "solution", "question", "answer"} <= set(ds.column_names)
@@ -177,3 +177,42 @@ def test_gsm8k_synthetic_rows_are_valid_gsm8k(tmp_path):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [sorted(line) for line in lines] == [["answer", "question"]] * 3
     assert build_dataset(str(out))["solution"] == gsm8k_synthetic(3)["solution"]
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "valid"),
+    [
+        ("gsm8k_synthetic", {"num_row": 5}, "num_rows, seed, start, template"),
+        ("clevr_synthetic", {"num_row": 5}, "num_rows, seed, start, min_objects"),
+        ("clevr_cogen", {"splits": "train"}, "split, template, revision, cache_dir"),
+        ("geoqa_r1v", {"streaming": True}, "split, template, revision, cache_dir"),
+        ("gsm8k", {"paths": "x.jsonl"}, "split, path, template, revision, cache_dir"),
+        ("jsonl", {"root": "."}, "path, image_root, template"),
+        ("openai/gsm8k", {"seed": 1}, "split, path, template"),
+    ],
+)
+def test_every_builder_rejects_an_unknown_option_by_name(name, options, valid):
+    with pytest.raises(SuzakError) as info:
+        build_dataset(name, **options)
+    message = str(info.value)
+    (unknown,) = options
+    assert f"dataset {name!r}: unknown option {unknown!r}" in message and valid in message and "\n" not in message
+
+
+def test_local_files_and_folders_reject_unknown_options(gsm8k_jsonl, tmp_path):
+    with pytest.raises(SuzakError, match=r"unknown option 'num_rows' .*its options: image_root, template$"):
+        build_dataset(str(gsm8k_jsonl), num_rows=5)
+    clevr_synthetic(4, progress=False).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(SuzakError, match=r"unknown option 'seed' .*its options: template, split$"):
+        build_dataset(str(tmp_path / "saved"), seed=0)
+    assert len(build_dataset(str(tmp_path / "saved"), template="r1v")) == 4
+
+
+def test_a_dataset_options_typo_in_training_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/smoke.yaml", "--output_dir",
+                             str(tmp_path), "--dataset_options", '{"num_row": 5}'], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("error: dataset 'clevr_synthetic': unknown option 'num_row'")
+    )

@@ -18,7 +18,7 @@ from suzak.eval.engine import HFEngine
 from suzak.eval.models import load_eval_model, merged_model_dir
 from suzak.eval.report import accuracy
 from suzak.eval.rescore import rescore_file
-from suzak.eval.runner import Distributed, EvalConfig, evaluate, run_pass
+from suzak.eval.runner import EvalConfig, evaluate, run_pass
 from suzak.eval.tasks import CLEVR_HELDOUT_SEED, TASKS, get_task, load_items
 
 EVAL_DIR = Path(__file__).resolve().parents[1] / "src" / "eval"
@@ -180,19 +180,23 @@ def test_resume_after_an_interrupted_run(tiny_model_dir, eval_fixture_dir, tmp_p
     assert report.greedy.accuracy == accuracy(data["results"])
 
 
-class FakeDist(Distributed):
-    """Rank ``rank`` of 2 without a process group: gather hands rank 0 the other rank's outputs."""
+class FakeDist:
+    """Rank ``rank`` of 2 without a process group (accelerate's state, as far as the runner reads it); the gather
+    (patched below) hands every rank both ranks' outputs, as accelerate's ``gather_object`` does."""
 
     other: dict = {}
 
-    def gather(self, obj):
-        return [obj, self.other] if self.rank == 0 else None
+    def __init__(self, rank, world):
+        self.process_index, self.num_processes, self.is_main_process = rank, world, rank == 0
 
-    def barrier(self):
+    def wait_for_everyone(self):
         pass
 
 
-def test_ranks_generate_their_shard_and_rank0_merges(tiny_model_dir, eval_fixture_dir, tmp_path):
+def test_ranks_generate_their_shard_and_rank0_merges(tiny_model_dir, eval_fixture_dir, tmp_path, monkeypatch):
+    import suzak.eval.runner
+
+    monkeypatch.setattr(suzak.eval.runner, "gather_object", lambda objs: [*objs, FakeDist.other])
     model, processor = load_eval_model(str(tiny_model_dir))
     engine = HFEngine(model, processor, batch_size=4, max_new_tokens=4, progress=False)
     task = get_task("superclevr")
@@ -200,7 +204,7 @@ def test_ranks_generate_their_shard_and_rank0_merges(tiny_model_dir, eval_fixtur
                        image_root=str(eval_fixture_dir))  # fmt: skip
     out = tmp_path / "ranks.json"
     rank1 = CrashAfter(engine, None)
-    assert run_pass(task, items, rank1, out, {"s": 1}, dist=FakeDist(1, 2)) is None
+    assert run_pass(task, items, rank1, out, {"s": 1}, state=FakeDist(1, 2)) is None
     assert rank1.generated == 4 and not out.exists()
     partial = tmp_path / "ranks.json.partial.rank1.jsonl"
     lines = partial.read_text().splitlines()[1:]
@@ -208,7 +212,7 @@ def test_ranks_generate_their_shard_and_rank0_merges(tiny_model_dir, eval_fixtur
     FakeDist.other = {json.loads(line)["key"]: json.loads(line)["model_output"] for line in lines}
     assert set(FakeDist.other) == {i.key for i in items[1::2]}
     rank0 = CrashAfter(engine, None)
-    result = run_pass(task, items, rank0, out, {"s": 1}, dist=FakeDist(0, 2))
+    result = run_pass(task, items, rank0, out, {"s": 1}, state=FakeDist(0, 2))
     assert rank0.generated == 4 and result.total == 8
     data = check_results(out, 8)
     assert [r["question"] for r in data["results"]] == [i.record for i in items]

@@ -95,7 +95,7 @@ def test_vision_placeholders_are_suppressed(tiny_model_dir):
 def test_text_only_causal_lm_and_tokenizer():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from suzak.tiny import build_tokenizer
+    from suzak.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -4,12 +4,13 @@ missing images, partial files, the report."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from suzak import SuzakError
 from suzak.eval.report import REFERENCES, RunResult, accuracy, markdown_summary, mean_std, write_results
-from suzak.eval.runner import Distributed, EvalConfig, PartialStore, prepare_items, result_row, seed_output_path
+from suzak.eval.runner import EvalConfig, PartialStore, prepare_items, result_row, seed_output_path, shard
 from suzak.eval.tasks import SCORERS, SCORING_RULES, TASKS, EvalItem, get_task, load_items, resolve_template, score
 from suzak.rewards import REWARDS
 
@@ -268,7 +269,7 @@ def test_partial_store_resume_and_settings_check(tmp_path):
     assert PartialStore(out, {"model": "a", "max_new_tokens": 8}).load() == {"0:aa": "x", "1:bb": "y"}
     with pytest.raises(SuzakError, match=r"other settings \(max_new_tokens: 8 → 16\).*--fresh"):
         PartialStore(out, {"model": "a", "max_new_tokens": 16}).load()
-    rank1 = PartialStore(out, {"model": "a", "max_new_tokens": 8}, Distributed(rank=1, world=2))
+    rank1 = PartialStore(out, {"model": "a", "max_new_tokens": 8}, SimpleNamespace(process_index=1, num_processes=2))
     assert rank1.path.name == "res.json.partial.rank1.jsonl"
     rank1.append([("3:dd", "z")])
     assert set(rank1.load()) == {"0:aa", "1:bb", "3:dd"}  # every rank's file is read on resume
@@ -278,7 +279,7 @@ def test_partial_store_resume_and_settings_check(tmp_path):
 
 def test_shard_splits_items_by_rank():
     items = list(range(7))
-    shards = [Distributed(rank, 3).shard(items) for rank in range(3)]
+    shards = [shard(items, SimpleNamespace(process_index=rank, num_processes=3)) for rank in range(3)]
     assert shards == [[0, 3, 6], [1, 4], [2, 5]]
     assert sorted(x for s in shards for x in s) == items
 

@@ -14,7 +14,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from suzak import SuzakError
-from suzak.export import export_lora, export_zero
+from suzak.release.export import export_lora, export_zero
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")

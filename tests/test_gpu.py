@@ -1,4 +1,6 @@
-"""GPU-only checks (skipped without CUDA): the smoke recipe in bf16 on the GPU, attention fallback."""
+"""GPU-only checks (skipped without CUDA): the smoke recipe trains on the GPU with the weights dtype the loader
+promises (suzak.models.loading._dtype): fp32 master weights under bf16 autocast for plain full fine-tuning, bf16
+base weights under LoRA (its adapters train in fp32)."""
 
 from __future__ import annotations
 
@@ -8,27 +10,29 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def test_attn_auto_falls_back_to_sdpa_without_flash_attn(caplog):
-    import importlib.util
-    import logging
-
-    caplog.set_level(logging.INFO, logger="suzak.modeling")
-    from suzak.modeling import pick_attn_implementation
-
-    expected = "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
-    assert pick_attn_implementation("auto") == expected
-    assert f"attention implementation: {expected}" in caplog.text
-
-
-def test_tiny_grpo_in_bf16_on_gpu(tmp_path, tiny_model_dir):
+def _train_smoke(tmp_path, tiny_model_dir, *flags):
     from suzak.train import build_trainer, parse_args
 
     suzak_args, grpo, model = parse_args([
         "--config", "recipes/smoke.yaml", "--use_cpu", "false", "--bf16", "true", "--max_steps", "2",
-        "--output_dir", str(tmp_path), "--model_name_or_path", str(tiny_model_dir), "--save_strategy", "no",
+        "--output_dir", str(tmp_path), "--model_name_or_path", str(tiny_model_dir), "--save_strategy", "no", *flags,
     ])  # fmt: skip
     trainer = build_trainer(suzak_args, grpo, model)
-    assert next(trainer.model.parameters()).dtype == torch.bfloat16
-    assert next(trainer.model.parameters()).device.type == "cuda"
     trainer.train()
     assert trainer.state.global_step == 2
+    return trainer
+
+
+def test_full_fine_tuning_on_gpu_keeps_fp32_master_weights(tmp_path, tiny_model_dir):
+    trainer = _train_smoke(tmp_path, tiny_model_dir)
+    params = list(trainer.model.parameters())
+    assert {p.dtype for p in params} == {torch.float32} and params[0].device.type == "cuda"
+    assert trainer.args.bf16  # computed in bf16 autocast
+
+
+def test_lora_on_gpu_keeps_bf16_base_weights(tmp_path, tiny_model_dir):
+    trainer = _train_smoke(tmp_path, tiny_model_dir, "--use_peft", "true", "--lora_r", "4",
+                           "--lora_target_modules", "q_proj", "v_proj")  # fmt: skip
+    frozen = {p.dtype for p in trainer.model.parameters() if not p.requires_grad}
+    trainable = {p.dtype for p in trainer.model.parameters() if p.requires_grad}
+    assert frozen == {torch.bfloat16} and trainable == {torch.float32}

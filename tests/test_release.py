@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from suzak import SuzakError
-from suzak.release import build_release, release_request
-from suzak.run_record import finish_run, save_recipe, start_run
-from suzak.train import full_argv, parse_args
+from suzak.configs import full_argv, parse_args
+from suzak.release.publish import build_release, release_request
+from suzak.runs.record import finish_run, save_recipe, start_run
 from test_metrics import write_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_release_input_errors_are_one_line(tmp_path, tiny_model_dir, setup, mess
 def test_card_rescores_files_that_do_not_name_their_rule(tmp_path):
     """R1-V's own log (no ``scoring``): both rules from its outputs; a file of an unknown task: its accuracy, rule not
     recorded, and no published numbers beside it."""
-    from suzak.model_card import _eval_section, load_eval_result
+    from suzak.release.model_card import _eval_section, load_eval_result
 
     r1v_log = tmp_path / "superclevr_results_r1v_grpo100.json"
     shutil.copy(ROOT / "tests" / "fixtures" / "r1v" / "counting_results_superclevr_200_qwen2vl_2b_instruct_grpo100_legacy.json",

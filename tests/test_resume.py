@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from suzak.checkpoints import MARKER, checkpoint_problem
+from suzak.runs.checkpoints import MARKER, checkpoint_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")

@@ -1,19 +1,18 @@
 """Reward tables (open-r1 style), the registry, and the reward pre-flight."""
 
 import functools
-import logging
 import pickle
 
 import pytest
 
 from suzak import SuzakError
+from suzak.checks import preflight
 from suzak.rewards import (
     REWARDS,
     clevr_count,
     gsm8k_accuracy,
     gsm8k_format,
     math_accuracy,
-    preflight,
     r1v_accuracy,
     resolve_reward,
     resolve_rewards,
@@ -287,10 +286,6 @@ def test_r1v_accuracy_bad_gold_names_row(gold):
         r1v_accuracy(["<answer>3</answer>"] * 2, solution=["<answer> 3 </answer>", gold])
 
 
-def test_r1v_accuracy_passes_the_preflight():
-    preflight(clevr_rows(), resolve_rewards(["r1v_accuracy", "think_format"]), "think_answer")
-
-
 # --- registry ----------------------------------------------------------------------------------------------------
 
 
@@ -350,98 +345,3 @@ def test_resolve_rewards():
     assert resolve_rewards(["think_format"], None) == [think_format]
     with pytest.raises(SuzakError, match="gsm8k_format"):
         resolve_rewards(["clevr_count"], {"gsm8k_format": {"style": "think"}})
-
-
-# --- pre-flight --------------------------------------------------------------------------------------------------
-
-
-def clevr_rows(n=10):
-    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many items?"}]}]
-    return [{"prompt": prompt, "image": None, "solution": f"<answer> {3 + i % 8} </answer>"} for i in range(n)]
-
-
-def gsm8k_rows():
-    prompt = [{"role": "user", "content": "Natalia sold clips..."}]
-    return [
-        {"prompt": prompt, "solution": GSM8K_NATALIA},
-        {"prompt": prompt, "solution": "18"},
-        {"prompt": prompt, "solution": "It costs 1,234 dollars.\n#### 1,234"},
-        {"prompt": prompt, "solution": "#### -5"},
-    ]
-
-
-def test_preflight_clevr_passes(caplog):
-    with caplog.at_level(logging.INFO, logger="suzak.rewards"):
-        preflight(clevr_rows(), resolve_rewards(["clevr_count", "think_format"]), "think_answer")
-    assert "clevr_count, think_format" in caplog.text and "8 rows" in caplog.text
-
-
-def test_preflight_clevr_fails_on_mismatched_format():
-    with pytest.raises(SuzakError) as info:
-        preflight(clevr_rows(), [clevr_count, think_format], "gsm8k_hash")
-    message = str(info.value)
-    assert "'clevr_count'" in message and "row 0" in message and "<answer> 3 </answer>" in message
-    assert "#### 3" in message and "0.0" in message
-    assert "the reward and the answer format / prompt template disagree" in message
-
-
-def test_preflight_accepts_datasets_dataset():
-    datasets = pytest.importorskip("datasets")
-    rows = clevr_rows(4)
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "solution": r["solution"]} for r in rows])
-    preflight(dataset, [clevr_count, think_format], "think_answer", num_rows=3)
-
-
-def test_preflight_gsm8k():
-    rewards = [gsm8k_accuracy, gsm8k_format]
-    preflight(gsm8k_rows(), rewards, "gsm8k_hash")
-    with pytest.raises(SuzakError, match=r"'gsm8k_format' returned 0.0 .* row 0 \(4 of 4 rows failed\)"):
-        preflight(gsm8k_rows(), resolve_rewards(["gsm8k_format"], {"gsm8k_format": {"style": "think"}}), "gsm8k_hash")
-
-
-def test_preflight_skips_zero_weight():
-    think = resolve_reward("gsm8k_format", {"style": "think"})
-    preflight(gsm8k_rows(), [gsm8k_accuracy, think], "gsm8k_hash", reward_weights=[1.0, 0.0])
-    with pytest.raises(SuzakError, match="2 reward weights for 1"):
-        preflight(gsm8k_rows(), [gsm8k_accuracy], "gsm8k_hash", reward_weights=[1.0, 0.0])
-
-
-def test_preflight_checks_conversational_form():
-    def text_only(completions, **kwargs):
-        return [1.0 if isinstance(c, str) else 0.0 for c in completions]
-
-    with pytest.raises(SuzakError, match="conversational completions"):
-        preflight(clevr_rows(2), [text_only], "think_answer")
-
-
-def test_preflight_none_counts_as_failure():
-    def skips(completions, **kwargs):
-        return [None for _ in completions]
-
-    with pytest.raises(SuzakError, match="returned None"):
-        preflight(clevr_rows(2), [skips], "think_answer")
-
-
-def test_preflight_bad_gold_and_data_errors():
-    rows = clevr_rows(3)
-    rows[2]["solution"] = "<answer> many </answer>"
-    with pytest.raises(SuzakError, match=r"'clevr_count' raised.*row 2"):
-        preflight(rows, [clevr_count], "think_answer")
-    with pytest.raises(SuzakError, match="no rows"):
-        preflight([], [clevr_count], "think_answer")
-    with pytest.raises(SuzakError, match="solution"):
-        preflight([{"prompt": "x"}], [clevr_count], "think_answer")
-    with pytest.raises(SuzakError, match="unknown answer format"):
-        preflight(clevr_rows(1), [clevr_count], "xml")
-
-
-def test_preflight_passes_columns_like_trl():
-    seen = {}
-
-    def spy(prompts, completions, completion_ids, solution, image, **kwargs):
-        seen.update(kwargs, prompts=prompts, solution=solution, image=image)
-        return [1.0 for _ in completions]
-
-    preflight(clevr_rows(3), [spy], "think_answer")
-    assert seen["solution"] == [r["solution"] for r in clevr_rows(3)] and seen["image"] == [None] * 3
-    assert len(seen["prompts"]) == 3 and {"trainer_state", "log_extra", "log_metric"} <= set(seen)

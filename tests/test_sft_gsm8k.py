@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("template", ["gsm8k", "gsm8k_think"])
 def test_gsm8k_sft_targets_score_full_marks(gsm8k_jsonl, template):
-    from suzak.data import gsm8k
+    from suzak.data.builders import gsm8k
     from suzak.prompts import get_template
 
     answer_format = get_template(template).answer_format
@@ -30,7 +30,7 @@ def test_gsm8k_sft_targets_score_full_marks(gsm8k_jsonl, template):
 
 
 def test_clevr_sft_targets_think_then_answer():
-    from suzak.data import clevr_synthetic
+    from suzak.data.builders import clevr_synthetic
 
     for row in clevr_synthetic(4, seed=2, progress=False):
         target = sft_completion(row, "think_answer")
@@ -90,8 +90,7 @@ def test_clevr_sft_smoke_starts_clevr_grpo(tmp_path, run_env):
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")))
 def test_every_recipe_parses(recipe):
-    from suzak.sft import parse_sft_args
-    from suzak.train import parse_args
+    from suzak.configs import parse_args, parse_sft_args
 
     parse = parse_sft_args if recipe.startswith("sft_") else parse_args
     suzak_args, args, model = parse(["--config", str(ROOT / "recipes" / recipe)])

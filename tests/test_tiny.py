@@ -7,8 +7,8 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from suzak.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, TinyConfig, build_model, build_tokenizer
 from suzak.prompts import build_conversation, render_answer, render_prompt
-from suzak.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, TinyConfig, build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_rejects_bad_mrope_section():
 
 
 def test_qwen2_vl_variant_loads_and_generates(tmp_path):
-    from suzak.tiny import build_tiny_model
+    from suzak.models.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "tiny-qwen2-vl", TinyConfig(architecture="qwen2_vl"))
     processor = AutoProcessor.from_pretrained(path)

@@ -11,7 +11,9 @@ import pytest
 
 from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
-from suzak.train import latest_checkpoint, parse_args, setup_reporting
+from suzak.configs import parse_args
+from suzak.runs.checkpoints import latest_checkpoint
+from suzak.session import setup_reporting
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")
@@ -71,7 +73,7 @@ def test_wandb_without_key_goes_offline(monkeypatch, tmp_path, caplog):
 def test_missing_model_is_one_clear_line(tmp_path):
     from trl import ModelConfig
 
-    from suzak.modeling import load_model_and_processor
+    from suzak.models.loading import load_model_and_processor
 
     with pytest.raises(SuzakError, match="cannot load model 'Qwen/Qwen2.5-VL-7B-Instruct'.*local"):
         load_model_and_processor(ModelConfig(model_name_or_path="Qwen/Qwen2.5-VL-7B-Instruct"), None)
@@ -97,7 +99,7 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
 
 
 def test_latest_checkpoint_trusts_only_intact_marked_checkpoints(tmp_path, caplog):
-    from suzak.checkpoints import begin_overwrite, mark_complete
+    from suzak.runs.checkpoints import begin_overwrite, mark_complete
 
     mark_complete(_checkpoint(tmp_path, 1))
     truncated = mark_complete(_checkpoint(tmp_path, 2)).parent
@@ -158,7 +160,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
 
 
 def test_tiny_cache_is_keyed_by_the_builder_and_built_whole(tmp_path, monkeypatch):
-    from suzak.modeling import resolve_model_path, tiny_model_cache
+    from suzak.models.loading import resolve_model_path, tiny_model_cache
 
     monkeypatch.setenv("SUZAK_CACHE", str(tmp_path))
     path = Path(resolve_model_path("tiny"))
@@ -166,3 +168,16 @@ def test_tiny_cache_is_keyed_by_the_builder_and_built_whole(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no scratch folder left behind
     assert path.name.startswith("tiny-qwen2.5-vl-") and len(path.name) == len("tiny-qwen2.5-vl-") + 10
     assert resolve_model_path("Qwen/Qwen2.5-VL-7B-Instruct") == "Qwen/Qwen2.5-VL-7B-Instruct"
+
+
+def test_recipe_dataset_options_stay_with_the_recipe_dataset(monkeypatch, caplog):
+    """The smoke recipe's options are for gsm8k_synthetic: another dataset (flag or DATASET) does not inherit them."""
+    recipe = ["--config", "recipes/gsm8k_smoke.yaml"]
+    assert parse_args(recipe)[0].dataset_options  # the recipe's own dataset: its options apply
+    with caplog.at_level("INFO", logger="suzak.configs"):
+        other = parse_args([*recipe, "--dataset_name", "tests/fixtures/gsm8k_tiny.jsonl"])[0]
+    assert other.dataset_options is None and "the recipe's dataset_options" in caplog.text
+    monkeypatch.setenv("DATASET", "tests/fixtures/gsm8k_tiny.jsonl")
+    assert parse_args(recipe)[0].dataset_options is None
+    given = parse_args([*recipe, "--dataset_options", '{"template": "gsm8k_think"}'])[0]
+    assert given.dataset_options == {"template": "gsm8k_think"}  # options given with the new dataset apply

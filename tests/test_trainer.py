@@ -10,11 +10,11 @@ from datasets import Dataset
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from suzak.modeling import load_model_and_processor, vision_parameters
+from suzak.models.loading import load_model_and_processor, vision_parameters
 from suzak.parsing import completion_text
 from suzak.prompts import build_conversation, render_prompt
-from suzak.trainer import VLMGRPOTrainer, fit_row_images
-from suzak.vision import PixelBudget
+from suzak.trainer import VLMGRPOTrainer
+from suzak.vision import PixelBudget, fit_row_images
 
 BUDGET = PixelBudget(3136, 50176)
 SIZES = [(320, 240), (100, 700), (640, 200), (50, 50), (200, 90), (90, 300), (400, 400), (150, 60)]  # (w, h)
@@ -157,7 +157,7 @@ def test_grpo_steps_with_images_train_every_parameter(tiny_model_dir, tmp_path):
 
 
 def test_frozen_vision_tower_stays_unchanged(tiny_model_dir, tmp_path):
-    from suzak.modeling import freeze_vision_tower
+    from suzak.models.loading import freeze_vision_tower
 
     trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward])
     freeze_vision_tower(trainer.model)
@@ -182,7 +182,7 @@ def test_multi_image_prompts(tiny_model_dir, tmp_path):
 
 
 def test_text_only_prompts(tiny_model_dir, tmp_path, gsm8k_jsonl):
-    from suzak.data import gsm8k
+    from suzak.data.builders import gsm8k
 
     trainer = make_trainer(tiny_model_dir, tmp_path, gsm8k(path=str(gsm8k_jsonl)), [length_reward], max_steps=1)
     trainer.train()
@@ -233,7 +233,7 @@ def test_train_runs_preflight_first(tiny_model_dir, tmp_path):
 def test_weights_dtype_keeps_fp32_master_weights(bf16, deepspeed, use_peft, expected):
     from types import SimpleNamespace
 
-    from suzak.modeling import _dtype
+    from suzak.models.loading import _dtype
 
     args = SimpleNamespace(bf16=bf16, fp16=False, deepspeed=deepspeed, learning_rate=1e-6)
     assert _dtype(ModelConfig(model_name_or_path="x", use_peft=use_peft), args) == expected
@@ -242,7 +242,7 @@ def test_weights_dtype_keeps_fp32_master_weights(bf16, deepspeed, use_peft, expe
 
 
 def test_qwen2_vl_trains_through_the_same_trainer(tmp_path):
-    from suzak.tiny import TinyConfig, build_tiny_model
+    from suzak.models.tiny import TinyConfig, build_tiny_model
 
     path = build_tiny_model(tmp_path / "tiny-qwen2-vl", TinyConfig(architecture="qwen2_vl"))
     trainer = make_trainer(path, tmp_path, image_dataset(4), [length_reward], cls=TokenCountingTrainer, max_steps=1)

@@ -1,6 +1,7 @@
-"""TRL internals suzak relies on, one contract each: a TRL upgrade that renames or reshapes one fails here, by name.
+"""TRL internals suzak relies on (all used in src/suzak/trl_internals.py; tests and bench use two more), one contract
+each: a TRL upgrade that renames or reshapes one fails here, by name.
 
-The behaviour behind each is tested elsewhere (tests/test_trainer.py, tests/test_metrics.py,
+The behaviour behind each is tested elsewhere too (tests/test_trainer.py, tests/test_metrics.py,
 tests/test_vllm_colocate.py); these pin the names and signatures so the failure says what moved.
 """
 
@@ -55,9 +56,52 @@ def test_grpo_trainer_builds_vllm_generation_from_this_module_name():
     assert "self.vllm_generation = VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__)
 
 
+def test_logs_layout_read_by_completion_rows():
+    """``completion_rows`` reads these deques of ``GRPOTrainer._logs`` (the newest entries are the scored batch)."""
+    source = inspect.getsource(GRPOTrainer.__init__)
+    for key in ("prompt", "completion", "advantages"):
+        assert f'"{key}": deque(maxlen=args.generation_batch_size)' in source
+    for key in ("rewards", "extra"):
+        assert f'"{key}": defaultdict(lambda: deque(maxlen=args.generation_batch_size))' in source
+
+
+def test_reward_call_kwargs_match_calculate_rewards():
+    """The pre-flight calls rewards with ``suzak.trl_internals.reward_call_kwargs``: TRL's own set of names."""
+    from suzak.trl_internals import REWARD_CALL_KWARGS
+
+    source = inspect.getsource(GRPOTrainer._calculate_rewards) + inspect.getsource(GRPOTrainer)
+    trl_set = {"trainer_state", "log_extra", "log_metric"}
+    for name in trl_set:
+        assert f'reward_kwargs["{name}"]' in source
+    assert 'key not in ["prompt", "completion", "completion_ids"]' in source  # every other column is passed
+    assert "prompts=prompts, completions=completions, completion_ids=completion_ids_list" in source
+    assert set(REWARD_CALL_KWARGS) == trl_set | {"prompts", "completions", "completion_ids"}
+
+
 def test_hf_generation_reads_generation_config_and_kwargs():
     """suzak extends TRL's ``suppress_tokens`` in both objects TRL hands HF generate."""
     source = inspect.getsource(GRPOTrainer.__init__)
     assert 'generation_kwargs["suppress_tokens"] = [model.config.image_token_id]' in source
     assert "self.generation_config = GenerationConfig(**generation_kwargs" in source
     assert "self.generation_kwargs = generation_kwargs" in source
+
+
+def test_a_rewards_log_extra_column_reaches_completions_csv(tiny_model_dir, tmp_path):
+    """End to end through TRL's ``log_extra`` -> ``_log_completion_extra`` -> ``_logs["extra"]`` -> completions.csv."""
+    import csv
+    from pathlib import Path
+
+    from suzak.runs.streams import add_run_callbacks
+    from test_trainer import image_dataset, make_trainer
+
+    def length_with_note(completions, log_extra=None, **kwargs):
+        lengths = [float(len(c[0]["content"])) for c in completions]
+        log_extra("note/length", [f"len={int(n)}" for n in lengths])
+        return lengths
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_with_note])
+    add_run_callbacks(trainer)
+    trainer.train()
+    with (Path(trainer.args.output_dir) / "completions.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 8 and all(r["note/length"] == f"len={int(float(r['reward/length_with_note']))}" for r in rows)

@@ -9,7 +9,7 @@ import pytest
 import qwen_vl_utils
 from PIL import Image
 
-from suzak.vision import FACTOR, PixelBudget, configure_processor, fit_image, precheck, smart_resize, visual_tokens
+from suzak.vision import FACTOR, PixelBudget, configure_processor, fit_image, smart_resize, visual_tokens
 
 BUDGETS = [(3136, 401408), (3136, 501760), (56 * 56, 28 * 28 * 1280), (200704, 200704 * 4)]
 
@@ -101,20 +101,3 @@ def test_processor_sees_budget_tokens_after_fit(tiny_processor):
     out = processor.image_processor(images=images, return_tensors="pt")
     tokens = (out["image_grid_thw"].prod(-1) // 4).tolist()
     assert tokens == [budget.tokens(h, w) for (w, h) in sizes]
-
-
-def test_precheck_reports_and_warns(tiny_processor, caplog):
-    from suzak.prompts import build_conversation
-
-    rows = [
-        {"prompt": build_conversation("How many items are there in the image?"), "image": Image.new("RGB", (320, 240))},
-        {"prompt": build_conversation("How many items are there in the image?"), "image": Image.new("RGB", (640, 480))},
-    ]
-    budget = PixelBudget(3136, 401408)
-    report = precheck(rows, tiny_processor, budget)
-    assert report["visual_tokens"] == {"min": 99, "mean": 245.0, "max": 391}
-    assert report["prompt_tokens"]["max"] - report["prompt_tokens"]["min"] == 391 - 99
-    assert report["too_long"] == []
-    report = precheck(rows, tiny_processor, budget, max_completion_length=256, context_length=500)
-    assert report["too_long"] == [1]
-    assert "exceed the model's context" in caplog.text

@@ -15,7 +15,7 @@ from transformers import AutoProcessor
 from trl import GRPOConfig
 
 from suzak import SuzakError
-from suzak.modeling import load_model_and_processor
+from suzak.models.loading import load_model_and_processor
 from suzak.trainer import VLMGRPOTrainer
 from suzak.vision import PixelBudget, vision_token_ids
 from test_trainer import SIZES, image_dataset, length_reward

@@ -28,12 +28,14 @@ from decimal import Decimal
 
 __all__ = [
     "completion_text",
+    "content_text",
     "count_parser",
     "extract_tag",
     "gold_answer",
     "has_gsm8k_hash_line",
     "is_think_format",
     "math_equal",
+    "message_text",
     "parse_count",
     "parse_gsm8k_answer",
     "parse_int_answer",
@@ -93,15 +95,40 @@ def completion_text(completion) -> str:
     replies = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
     if not replies:
         raise TypeError(f"a completion given as a list must hold an assistant message, got {completion!r:.200}")
-    return _content_text(replies[-1].get("content"))
+    content = replies[-1].get("content")
+    if content is None:
+        raise TypeError("a completion's message content must be a string or a list of parts, not None")
+    return content_text(content)
 
 
-def _content_text(content) -> str:
+def content_text(content, image: str = "") -> str:
+    """The text of one message's content: a string, or its parts' text with ``image`` standing for an image part.
+
+    >>> content_text([{"type": "image"}, {"type": "text", "text": "How many?"}], image="<image>")
+    '<image>How many?'
+    """
     if isinstance(content, str):
         return content
+    if content is None:
+        return ""
     if isinstance(content, list):
-        return "".join(part["text"] for part in content if isinstance(part, dict) and part.get("type") == "text")
+        parts = [part for part in content if isinstance(part, dict)]
+        return "".join(image if part.get("type") == "image" else str(part.get("text") or "") for part in parts)
     raise TypeError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+
+
+def message_text(messages) -> str:
+    """Plain text of a prompt or completion for people to read: a string, or chat messages, ``<image>`` for images.
+
+    >>> message_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}])
+    '<image>How many?'
+    >>> message_text([{"role": "assistant", "content": "<answer>3</answer>"}])
+    '<answer>3</answer>'
+    """
+    if isinstance(messages, str):
+        return messages
+    return "\n".join(content_text(m.get("content") if isinstance(m, dict) else m, image="<image>")
+                     for m in messages or [])  # fmt: skip
 
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ANSWER_FORMATS",
+    "DEFAULT_TEMPLATE",
     "TEMPLATES",
     "PromptTemplate",
     "build_conversation",
@@ -63,6 +64,9 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("plain", "{problem}", "plain", "the question alone; the answer is the bare value"),
     )
 }
+
+
+DEFAULT_TEMPLATE = "r1v"  # R1-V's training prompt: recipes, image data builders and SFT default to it
 
 
 def get_template(name: str) -> PromptTemplate:

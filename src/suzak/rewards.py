@@ -13,14 +13,11 @@ that cannot be parsed raises ``ValueError`` naming the batch row: bad data must 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import inspect
-import itertools
 import logging
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from suzak import SuzakError
 from suzak.parsing import (
@@ -35,7 +32,6 @@ from suzak.parsing import (
     parse_number,
 )
 from suzak.parsing import r1v_accuracy as _r1v_accuracy
-from suzak.prompts import render_answer
 
 __all__ = [
     "REWARDS",
@@ -43,7 +39,6 @@ __all__ = [
     "gsm8k_accuracy",
     "gsm8k_format",
     "math_accuracy",
-    "preflight",
     "r1v_accuracy",
     "resolve_reward",
     "resolve_rewards",
@@ -51,9 +46,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Keyword arguments GRPOTrainer passes to every reward itself: a recipe must not set them.
-_TRL_REWARD_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
 def _golds(solution: list, parse: Callable, reward: str) -> list:
@@ -254,14 +246,16 @@ def _import_reward(name: str) -> Callable:
 
 
 def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
+    from suzak.trl_internals import REWARD_CALL_KWARGS  # GRPOTrainer passes these itself: a recipe must not set them
+
     params = inspect.signature(func).parameters
     settable = [
         p
         for p, spec in params.items()
-        if spec.kind in (spec.POSITIONAL_OR_KEYWORD, spec.KEYWORD_ONLY) and p not in _TRL_REWARD_KWARGS
+        if spec.kind in (spec.POSITIONAL_OR_KEYWORD, spec.KEYWORD_ONLY) and p not in REWARD_CALL_KWARGS
     ]
     for key in kwargs:
-        if key in _TRL_REWARD_KWARGS:
+        if key in REWARD_CALL_KWARGS:
             raise SuzakError(f"reward {name!r}: {key!r} is passed by the trainer and cannot be set in a recipe")
         if key not in settable:
             raise SuzakError(
@@ -280,110 +274,3 @@ def resolve_rewards(names: list[str], reward_kwargs: dict[str, dict] | None = No
     if stray:
         raise SuzakError(f"reward kwargs given for {', '.join(stray)}, which is not among the rewards {names}")
     return [resolve_reward(name, reward_kwargs.get(name)) for name in names]
-
-
-# --- pre-flight --------------------------------------------------------------------------------------------------
-
-
-def preflight(
-    dataset: Iterable[dict],
-    reward_funcs: list[Callable],
-    answer_format: str,
-    *,
-    num_rows: int = 8,
-    reward_weights: list[float] | None = None,
-) -> None:
-    """Check that every reward gives 1.0 to the ideal completion of the first ``num_rows`` rows, before training.
-
-    The ideal completion is ``render_answer(answer_format, gold)``. Each reward is called as GRPOTrainer calls it
-    (every dataset column as a keyword list), with plain-string and with conversational completions. A reward with
-    weight 0 is skipped. A mismatch between rewards and prompt template otherwise shows up only as a flat reward
-    curve hours later; here it raises ``SuzakError`` at once.
-
-    >>> rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
-    >>> preflight(rows, [clevr_count, think_format], "think_answer")
-    >>> preflight(rows, [clevr_count], "gsm8k_hash")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    suzak.SuzakError: reward pre-flight failed: reward 'clevr_count' returned 0.0 (expected 1.0) ...
-    """
-    rows = _head_rows(dataset, num_rows)
-    ideals = _ideal_completions(rows, answer_format)
-    weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
-    if len(weights) != len(reward_funcs):
-        raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
-    checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0]
-    for func in checked:
-        for form in ("plain", "conversational"):
-            _check_reward(func, rows, ideals, form, answer_format)
-    logger.info(
-        "reward pre-flight passed: %s give 1.0 to the ideal %r completion of %d rows (plain and conversational)",
-        ", ".join(_name(f) for f in checked) or "(no weighted rewards)",
-        answer_format,
-        len(rows),
-    )
-
-
-def _head_rows(dataset: Iterable[dict], num_rows: int) -> list[dict]:
-    rows = list(itertools.islice(iter(dataset), num_rows))
-    if not rows:
-        raise SuzakError("reward pre-flight: the dataset has no rows")
-    missing = {"prompt", "solution"} - set(rows[0])
-    if missing:
-        raise SuzakError(f"reward pre-flight: the dataset lacks the column(s) {', '.join(sorted(missing))}")
-    return rows
-
-
-def _ideal_completions(rows: list[dict], answer_format: str) -> list[str]:
-    ideals = []
-    for i, row in enumerate(rows):
-        try:
-            ideals.append(render_answer(answer_format, gold_answer(row["solution"])))
-        except (ValueError, TypeError) as exc:
-            raise SuzakError(f"reward pre-flight: row {i} (solution {row['solution']!r:.200}): {exc}") from exc
-    return ideals
-
-
-def _check_reward(func: Callable, rows: list[dict], ideals: list[str], form: str, answer_format: str) -> None:
-    """Raise ``SuzakError`` unless ``func`` scores every ideal completion (in ``form``) 1.0."""
-    completions = ideals if form == "plain" else [[{"role": "assistant", "content": t}] for t in ideals]
-    rewards = _call_reward(func, rows, completions, form)
-    failed = [i for i, r in enumerate(rewards) if r is None or not math.isclose(r, 1.0)]
-    if failed:
-        i = failed[0]
-        raise SuzakError(
-            f"reward pre-flight failed: reward {_name(func)!r} returned {rewards[i]!r} (expected 1.0) for row {i}"
-            f" ({len(failed)} of {len(rows)} rows failed) with {form} completions; gold {rows[i]['solution']!r:.200},"
-            f" ideal completion {ideals[i]!r:.300} (answer format {answer_format!r}): the reward and the answer"
-            " format / prompt template disagree."
-        )
-
-
-def _call_reward(func: Callable, rows: list[dict], completions: list, form: str) -> list:
-    """Call ``func`` as GRPOTrainer's ``_calculate_rewards`` does: every column but the prompt as a keyword list."""
-    columns = {k: [row[k] for row in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
-    try:
-        rewards = func(
-            prompts=[row["prompt"] for row in rows],
-            completions=completions,
-            completion_ids=[[] for _ in rows],  # no tokenizer here; length-based rewards are not checked
-            trainer_state=None,
-            log_extra=_discard,
-            log_metric=_discard,
-            **columns,
-        )
-        if inspect.isawaitable(rewards):
-            rewards = asyncio.run(rewards)
-    except Exception as exc:
-        raise SuzakError(f"reward pre-flight: reward {_name(func)!r} raised on {form} completions: {exc}") from exc
-    if len(rewards) != len(rows):
-        raise SuzakError(f"reward pre-flight: {_name(func)!r} returned {len(rewards)} values for {len(rows)} rows")
-    return rewards
-
-
-def _discard(*args, **kwargs) -> None:
-    """Stands in for TRL's ``log_extra``/``log_metric`` during the pre-flight."""
-
-
-def _name(func: Callable) -> str:
-    return getattr(func, "__name__", type(func).__name__)

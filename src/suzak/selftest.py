@@ -163,8 +163,8 @@ def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: i
     """
     import datasets
 
-    from suzak.clevr import Scene, render_scene
-    from suzak.data import clevr_synthetic
+    from suzak.data.builders import clevr_synthetic
+    from suzak.data.clevr import Scene, render_scene
 
     if images not in ("aligned", "shuffled", "grey"):
         raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
@@ -395,7 +395,7 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
     """
     import torch
 
-    from suzak.tiny import build_tiny_model
+    from suzak.models.tiny import build_tiny_model
 
     start = time.monotonic()
     spec = config.spec

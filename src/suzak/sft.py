@@ -3,7 +3,7 @@
     python -m suzak.sft --config recipes/sft_smoke.yaml [--any_field value ...]
     bash src/scripts/run_sft.sh --preset smoke
 
-Same conventions as ``suzak.train``: ``TrlParser`` over suzak's :class:`~suzak.train.SuzakArguments`, TRL's
+Same conventions as ``suzak.train``: ``TrlParser`` over suzak's :class:`~suzak.configs.SuzakArguments`, TRL's
 ``SFTConfig`` and ``ModelConfig``; YAML recipe, then ``.env`` (MODEL/DATASET/OUTPUT_DIR), then CLI flags. The
 targets are built from the prompt template's answer format, so an SFT model answers in exactly the format the GRPO
 rewards score (``model_name_or_path`` of a GRPO recipe can point at the SFT output):
@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 
-from suzak import SuzakError
+from suzak import SuzakError, session
+from suzak.configs import parse_sft_args
 from suzak.parsing import gold_answer
 from suzak.prompts import get_template, render_answer
+from suzak.session import add_first, build_datasets, build_eval_callback
 
 __all__ = ["build_sft_trainer", "main", "parse_sft_args", "sft_completion", "to_sft_dataset"]
 
@@ -39,7 +40,7 @@ def _gsm8k_steps(answer: str) -> str:
 
 
 def _clevr_reasoning(row: dict) -> str:
-    from suzak.clevr import Scene, describe_scene
+    from suzak.data.clevr import Scene, describe_scene
 
     scene = Scene.from_dict(json.loads(row["scene"]))
     return f"{describe_scene(scene)} Counting the objects the question asks about gives {row['count']}."
@@ -68,25 +69,12 @@ def to_sft_dataset(dataset, answer_format: str):
     return dataset.map(add_completion, with_indices=True, desc="SFT targets")
 
 
-def parse_sft_args(argv: list[str] | None = None):
-    """(SuzakArguments, SFTConfig, ModelConfig) from YAML + environment + CLI, as ``suzak.train.parse_args``."""
-    from trl import ModelConfig, SFTConfig, TrlParser
-
-    from suzak.train import SuzakArguments, full_argv
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = TrlParser((SuzakArguments, SFTConfig, ModelConfig))
-    return parser.parse_args_and_config(full_argv(argv))
-
-
 def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     """The configured TRL ``SFTTrainer``: images fitted to the budget, completion-only loss, optional eval callback."""
     from trl import SFTTrainer, get_peft_config
 
-    from suzak.modeling import freeze_vision_tower, load_model_and_processor
-    from suzak.train import add_first, build_datasets, build_eval_callback
-    from suzak.trainer import fit_row_images
-    from suzak.vision import PixelBudget, configure_processor
+    from suzak.models.loading import freeze_vision_tower, load_model_and_processor
+    from suzak.vision import PixelBudget, configure_processor, fit_row_images
 
     budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels)
     template = get_template(suzak_args.prompt_template)
@@ -112,10 +100,8 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``suzak.train``'s run (records, CSV streams, plots, resume, release) with SFT's parser and trainer."""
-    from suzak.train import main as train_main
-
-    train_main(argv, parse=parse_sft_args, build=build_sft_trainer)
+    """The training run of :mod:`suzak.session` (records, CSV streams, plots, resume, release) with SFT's trainer."""
+    session.main(argv, parse_sft_args, build_sft_trainer)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ resize again.
 from __future__ import annotations
 
 import logging
-import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +34,10 @@ __all__ = [
     "collapse_runs",
     "configure_processor",
     "fit_image",
+    "fit_row_images",
     "images_of",
+    "map_row_images",
     "pad_left",
-    "precheck",
     "processor_bounds",
     "prompt_tokens",
     "smart_resize",
@@ -223,61 +224,58 @@ def prompt_tokens(tokenizer: Any, text: str, images: list[Image.Image], budget: 
     return len(text_ids) - len(images) + sum(budget.tokens(img.height, img.width) for img in images)
 
 
-def images_of(row: dict) -> list[Image.Image]:
-    """The PIL images of a data row (``images`` list or single ``image``); empty for text rows."""
-    if row.get("images") is not None:
-        return list(row["images"])
-    if row.get("image") is not None:
-        return [row["image"]]
-    return []
+def map_row_images(row: Mapping[str, Any], fn: Callable[[Image.Image], Image.Image]) -> dict:
+    """A copy of a data row with ``fn`` applied to each of its PIL images, wherever TRL takes images from: the
+    ``image`` column, the ``images`` list and ``{"type": "image", "image": <PIL>}`` parts inline in the prompt.
 
-
-def precheck(
-    dataset,
-    processing_class: Any,
-    budget: PixelBudget,
-    *,
-    max_completion_length: int = 0,
-    context_length: int | None = None,
-    num_rows: int | None = 256,
-) -> dict[str, Any]:
-    """Visual tokens and prompt length over (a sample of) a dataset, with a warning when prompts won't fit.
-
-    Prompt length = text tokens of the chat-templated prompt (one placeholder per image) + visual tokens.
-    Returns ``{"rows", "visual_tokens": {min, mean, max}, "prompt_tokens": {min, mean, max}, "too_long"}``.
+    The one place that knows where a row's images are (:func:`images_of`, :func:`fit_row_images` use it).
     """
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
-    n = len(dataset) if num_rows is None else min(num_rows, len(dataset))
-    visual, prompt_lengths, too_long = [], [], []
-    for index in range(n):
-        row = dataset[index]
-        images = images_of(row)
-        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        length = prompt_tokens(tokenizer, text, images, budget)
-        visual.append(sum(budget.tokens(img.height, img.width) for img in images))
-        prompt_lengths.append(length)
-        if context_length is not None and length + max_completion_length > context_length:
-            too_long.append(index)
-    report = {
-        "rows": n,
-        "visual_tokens": _summary(visual),
-        "prompt_tokens": _summary(prompt_lengths),
-        "too_long": too_long,
-    }
-    logger.info(
-        "pre-check over %d rows: visual tokens/prompt min %d mean %.1f max %d; prompt tokens min %d mean %.1f max %d",
-        n, *report["visual_tokens"].values(), *report["prompt_tokens"].values(),
-    )  # fmt: skip
-    if too_long:
-        logger.warning(
-            "%d of %d prompts + %d completion tokens exceed the model's context of %s tokens (first rows: %s); "
-            "lower max_pixels or max_completion_length, or filter those rows",
-            len(too_long), n, max_completion_length, context_length, too_long[:5],
-        )  # fmt: skip
-    return report
+    row = dict(row)
+    if isinstance(row.get("image"), Image.Image):
+        row["image"] = fn(row["image"])
+    if isinstance(row.get("images"), list):
+        row["images"] = [fn(img) if isinstance(img, Image.Image) else img for img in row["images"]]
+    if isinstance(row.get("prompt"), list):
+        row["prompt"] = [_map_message_images(message, fn) for message in row["prompt"]]
+    return row
 
 
-def _summary(values: list[int]) -> dict[str, float]:
-    if not values:
-        return {"min": 0, "mean": 0.0, "max": 0}
-    return {"min": min(values), "mean": statistics.fmean(values), "max": max(values)}
+def _map_message_images(message: Any, fn: Callable[[Image.Image], Image.Image]) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message
+    parts = [{**part, "image": fn(part["image"])}
+             if isinstance(part, dict) and isinstance(part.get("image"), Image.Image) else part
+             for part in content]  # fmt: skip
+    return {**message, "content": parts}
+
+
+def images_of(row: Mapping[str, Any]) -> list[Image.Image]:
+    """The PIL images of a data row, in ``image``, ``images``, inline-prompt order; empty for a text row.
+
+    >>> image = Image.new("RGB", (4, 4))
+    >>> len(images_of({"image": image})), len(images_of({"prompt": [{"role": "user", "content": [{"type": "image",
+    ...     "image": image}, {"type": "text", "text": "?"}]}]})), images_of({"prompt": "text only"})
+    (1, 1, [])
+    """
+    found: list[Image.Image] = []
+    map_row_images(row, lambda image: found.append(image) or image)
+    return found
+
+
+def fit_row_images(row: Mapping[str, Any], budget: PixelBudget, memo: dict | None = None) -> dict:
+    """A copy of a data row with every image fitted to ``budget`` (:func:`map_row_images`).
+
+    Rows fitted with the same ``memo`` dict resize an image they share (by content: mode, size, pixels) once: a GRPO
+    batch holds each prompt ``num_generations`` times, each a separately decoded copy of the same image.
+    """
+    if memo is None:
+        return map_row_images(row, budget.fit)
+
+    def fit(image: Image.Image) -> Image.Image:
+        key = (image.mode, image.size, image.tobytes())
+        if key not in memo:
+            memo[key] = budget.fit(image)
+        return memo[key]
+
+    return map_row_images(row, fit)

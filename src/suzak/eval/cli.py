@@ -19,11 +19,13 @@ import logging
 import sys
 from pathlib import Path
 
+from transformers import HfArgumentParser
+
 from suzak import SuzakError
 from suzak.eval.report import format_accuracy, mean_std
 from suzak.eval.rescore import JSON_KEYS, rescore_file
 from suzak.eval.runner import EvalConfig, evaluate
-from suzak.eval.tasks import CLEVR_HELDOUT_SEED, SCORING_RULES, TASKS
+from suzak.eval.tasks import SCORING_RULES, TASKS
 
 __all__ = ["build_parser", "build_rescore_parser", "main", "rescore_main"]
 
@@ -31,44 +33,26 @@ _SCORING_HELP = "; ".join(f"{rule}: {text}" for rule, text in SCORING_RULES.item
 _RESCORE_TASKS = [name for name, task in TASKS.items() if "r1v" in task.rules]
 
 
-def build_parser(task: str | None = None, batch_size: int | None = None) -> argparse.ArgumentParser:
-    """The evaluation flags; with ``task`` fixed (the R1-V scripts) there is no task argument and ``--scoring``
-    defaults to ``r1v``. ``batch_size``: a script's own default (R1-V's multi-GPU script: 4 per GPU)."""
+def build_parser(task: str | None = None, batch_size: int | None = None) -> HfArgumentParser:
+    """The evaluation flags, generated from :class:`EvalConfig`; with ``task`` fixed (the R1-V scripts) the task is
+    preset and ``--scoring`` defaults to ``r1v``. ``batch_size``: a script's own default (R1-V's multi-GPU script:
+    4 per GPU)."""
     prog = "python -m suzak.eval" if task is None else None
     description = "Evaluate a checkpoint" + (f" on {TASKS[task].description}" if task else "")
-    epilog = None if task else ("Re-score a results file without a model: python -m suzak.eval rescore RESULTS.json "
-                                "--task TASK (see rescore --help).")  # fmt: skip
-    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
-    if task is None:
-        parser.add_argument("task", choices=list(TASKS), help="what to evaluate on")
-    add = parser.add_argument
-    add("--model_path", required=True, help="model folder, Hub id, 'tiny', LoRA adapter folder or checkpoint-N")
-    add("--prompt_path", help="R1-V eval JSONL (default: R1-V's file name under prompts/); gsm8k: local JSONL")
-    add("--image_root", help="folder the image_path entries are relative to (default: the working directory)")
-    add("--output_path", help="results JSON (default: logs/<task>_results_<model>.json)")
-    add("--engine", default="hf", choices=["hf", "vllm"], help="hf: batched transformers generate; vllm: GPU only")
-    add("--batch_size", type=int, default=batch_size,
-        help=f"prompts per batch (default: R1-V's, {batch_size} per process)" if batch_size else
-             "prompts per batch (default: R1-V's, 64 SuperCLEVR / 50 GeoQA)")  # fmt: skip
-    add("--max_new_tokens", type=int, help="completion tokens (default: R1-V's, 256 SuperCLEVR / 1024 GeoQA)")
-    add("--min_pixels", type=int, help="pixel budget lower bound (default: the training recipe's, 3136)")
-    add("--max_pixels", type=int, help="pixel budget upper bound (default: the training recipe's, 401408)")
-    add("--limit", type=int, help="evaluate only the first N items")
-    add("--seeds", type=int, nargs="+", default=[], help="sampled passes (after the greedy one), one per seed")
-    add("--temperature", type=float, default=1.0, help="temperature of the seeded passes")
-    add("--prompt_template", default="eval", help="eval (R1-V's eval prompt), train (the training prompt) or a name")
-    add("--skip_missing", action="store_true", help="skip items whose image is missing (counted in the summary)")
-    add("--fresh", action="store_true", help="discard partial results of an earlier run instead of resuming")
-    add("--num_rows", type=int, default=200, help="clevr_synthetic: scenes to draw")
-    add("--data_seed", type=int, default=CLEVR_HELDOUT_SEED, help="clevr_synthetic: scene seed (held out)")
-    add("--dtype", help="model dtype (default: bfloat16 on a GPU, float32 on the CPU)")
-    add("--tensor_parallel_size", type=int, default=1, help="vLLM: GPUs per model")
-    add("--no_progress", action="store_true", help="no progress bar")
-    scoring = "r1v" if task else "strict"
-    add("--scoring", default=scoring, choices=list(SCORING_RULES),
-        help=f"the rule behind `accuracy` and the Accuracy line; the other is reported beside it (default {scoring}; "
-             f"{_SCORING_HELP}; gsm8k has strict only)")  # fmt: skip
+    epilog = None if task else ("The task can come first, as in R1-V's commands: python -m suzak.eval superclevr "
+                                "--model_path M. Re-score a results file without a model: python -m suzak.eval "
+                                "rescore RESULTS.json --task TASK (see rescore --help).")  # fmt: skip
+    parser = HfArgumentParser(EvalConfig, prog=prog, description=description, epilog=epilog)
+    if task is not None:
+        parser.set_defaults(task=task, scoring="r1v")
+    if batch_size is not None:
+        parser.set_defaults(batch_size=batch_size)
     return parser
+
+
+def _task_first(argv: list[str]) -> list[str]:
+    """``TASK --flags`` (R1-V's and suzak's documented form) as ``--task TASK --flags``."""
+    return ["--task", argv[0], *argv[1:]] if argv and not argv[0].startswith("-") else argv
 
 
 def _print_report(report) -> None:
@@ -93,12 +77,11 @@ def main(argv: list[str] | None = None, task: str | None = None) -> None:
     if task is None and argv[:1] == ["rescore"]:
         rescore_main(argv[1:])
         return
-    args = vars(build_parser(task).parse_args(argv))
+    parser = build_parser(task)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args["progress"] = not args.pop("no_progress")
-    args.setdefault("task", task)
     try:
-        report = evaluate(EvalConfig(**args))
+        (config,) = parser.parse_args_into_dataclasses(_task_first(argv) if task is None else argv)
+        report = evaluate(config)
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
     except KeyboardInterrupt:

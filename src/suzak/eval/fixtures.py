@@ -8,7 +8,7 @@ The layout mirrors R1-V's ``src/eval/``, so the scripts run on it with their def
     python -m suzak.eval.fixtures --output /tmp/eval-fixture
     cd /tmp/eval-fixture && python /path/to/suzak/src/eval/test_qwen2vl_counting_superclevr.py --model_path tiny
 
-SuperCLEVR-like images are procedural CLEVR scenes (:mod:`suzak.clevr`) at SuperCLEVR's 640×480, with some at other
+SuperCLEVR-like images are procedural CLEVR scenes (:mod:`suzak.data.clevr`) at SuperCLEVR's 640×480, with some at other
 sizes so one batch mixes image sizes; the answer is the number of objects drawn. GeoQA-like images are triangles
 with their angles written on; ground truths are strings such as ``"140°"``.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from suzak.clevr import render_scene, sample_scene, scene_rng
+from suzak.data.clevr import render_scene, sample_scene, scene_rng
 
 __all__ = ["SUPERCLEVR_QUESTION", "write_fixtures", "write_geoqa", "write_superclevr"]
 

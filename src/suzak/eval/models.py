@@ -1,6 +1,6 @@
 """Loading a checkpoint for evaluation: base models, full suzak checkpoints, LoRA adapters, DeepSpeed output dirs.
 
-- A model folder, a Hub id or ``tiny`` loads through :func:`suzak.modeling.load_model_and_processor` (the training
+- A model folder, a Hub id or ``tiny`` loads through :func:`suzak.models.loading.load_model_and_processor` (the training
   loader), in bfloat16 on a GPU and float32 on the CPU.
 - A LoRA adapter folder (``adapter_config.json``) loads its base model (``base_model_name_or_path``), applies the
   adapter and merges it, so generation runs at full speed.
@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from suzak import SuzakError
-from suzak.modeling import load_model_and_processor, resolve_model_path
+from suzak.models.loading import adapter_base, load_model_and_processor, resolve_model_path
 from suzak.vision import PixelBudget
 
 __all__ = ["eval_device", "load_eval_model", "merged_model_dir", "saved_budget"]
@@ -46,17 +45,6 @@ def _check_not_zero_shards(path: Path) -> None:
             f"`python {path}/zero_to_fp32.py {path} {path} --safe_serialization` writes model.safetensors beside its "
             "config.json; then evaluate the same folder."
         )
-
-
-def _adapter_base(path: Path) -> str | None:
-    """The base model of a LoRA adapter folder, or None when ``path`` is not one."""
-    config_file = path / "adapter_config.json"
-    if not config_file.is_file():
-        return None
-    base = json.loads(config_file.read_text()).get("base_model_name_or_path")
-    if not base:
-        raise SuzakError(f"{config_file} names no base_model_name_or_path; cannot tell which model the adapter is for")
-    return base
 
 
 def _load(path: str, dtype: str) -> tuple[Any, Any]:
@@ -87,7 +75,7 @@ def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.
     local = Path(path)
     if local.is_dir():
         _check_not_zero_shards(local)
-    base = _adapter_base(local) if local.is_dir() else None
+    base = adapter_base(local) if local.is_dir() else None
     model, processing_class = _load_adapter(local, base, dtype) if base else _load(path, dtype)
     return model.to(device).eval(), processing_class
 
@@ -98,7 +86,7 @@ def merged_model_dir(model_path: str) -> str:
     if not path.is_dir():
         return str(path)
     _check_not_zero_shards(path)
-    base = _adapter_base(path)
+    base = adapter_base(path)
     if base is None:
         return str(path)
     merged = path.with_name(path.name + "-merged")

@@ -6,8 +6,8 @@ there. The partial file starts with the run's settings: a re-run with different 
 outputs (``fresh=True`` discards it). Once the final JSON is written the partial files are deleted, since the JSON
 holds every output.
 
-Under torchrun (``WORLD_SIZE`` > 1) each rank generates ``items[rank::world]`` into its own partial file; rank 0
-gathers the outputs and writes the results.
+Under torchrun, accelerate's ``PartialState`` gives each process its rank: each generates ``items[rank::world]`` into
+its own partial file, and rank 0 gathers the outputs and writes the results.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils import gather_object
 from PIL import Image
 
 from suzak import SuzakError
@@ -28,6 +29,7 @@ from suzak.eval.report import RunResult, accuracy, markdown_summary, mean_std, r
 from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
     SCORING_RULES,
+    TASKS,
     EvalItem,
     Task,
     get_task,
@@ -36,10 +38,9 @@ from suzak.eval.tasks import (
     resolve_template,
     score_rules,
 )
-from suzak.vision import PixelBudget
+from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget
 
 __all__ = [
-    "Distributed",
     "EvalConfig",
     "EvalReport",
     "PartialStore",
@@ -47,8 +48,10 @@ __all__ = [
     "default_budget",
     "evaluate",
     "prepare_items",
+    "process_state",
     "result_row",
     "run_pass",
+    "shard",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,32 +59,55 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EvalConfig:
-    """Everything one evaluation needs; ``None`` means the task's R1-V default (``suzak.eval.tasks.TASKS``)."""
+    """Everything one evaluation needs; ``None`` means the task's R1-V default (``suzak.eval.tasks.TASKS``).
 
-    task: str
-    model_path: str
-    prompt_path: str | None = None
-    image_root: str | None = None  # folder the image_path entries are relative to; default: the working directory
-    output_path: str | None = None
-    engine: str = "hf"
-    batch_size: int | None = None
-    max_new_tokens: int | None = None
-    min_pixels: int | None = None  # default: the training recipe's budget (suzak.train.SuzakArguments)
-    max_pixels: int | None = None
-    limit: int | None = None
-    seeds: list[int] = field(default_factory=list)
-    temperature: float = 1.0  # for the seeded passes; the first pass is always greedy
-    prompt_template: str = "eval"  # "eval", "train" or a suzak.prompts template name
-    skip_missing: bool = False
-    fresh: bool = False
-    num_rows: int = 200  # clevr_synthetic
-    data_seed: int = CLEVR_HELDOUT_SEED  # clevr_synthetic
-    dtype: str | None = None  # default: bfloat16 on a GPU, float32 on the CPU
-    tensor_parallel_size: int = 1  # vLLM
-    progress: bool = True
-    scoring: str = "strict"  # the rule behind `accuracy`; the task's other rule is reported beside it
+    The command line (``python -m suzak.eval``, R1-V's scripts) is generated from these fields by
+    ``HfArgumentParser``, as training's is from its dataclasses.
+    """
+
+    model_path: str = field(metadata={"help": "model folder, Hub id, 'tiny', LoRA adapter folder or checkpoint-N"})
+    task: str | None = field(default=None, metadata={"help": "what to evaluate on (also the first word of "
+                             "`python -m suzak.eval TASK`)", "choices": list(TASKS)})  # fmt: skip
+    prompt_path: str | None = field(default=None, metadata={
+        "help": "R1-V eval JSONL (default: R1-V's file name under prompts/); gsm8k: local JSONL"})  # fmt: skip
+    image_root: str | None = field(default=None, metadata={
+        "help": "folder the image_path entries are relative to (default: the working directory)"})  # fmt: skip
+    output_path: str | None = field(default=None, metadata={
+        "help": "results JSON (default: logs/<task>_results_<model>.json)"})  # fmt: skip
+    engine: str = field(default="hf", metadata={
+        "help": "hf: batched transformers generate; vllm: GPU only", "choices": ["hf", "vllm"]})  # fmt: skip
+    batch_size: int | None = field(default=None, metadata={
+        "help": "prompts per batch (default: R1-V's, 64 SuperCLEVR / 50 GeoQA)"})  # fmt: skip
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "completion tokens (default: R1-V's, 256 SuperCLEVR / 1024 GeoQA)"})  # fmt: skip
+    min_pixels: int | None = field(default=None, metadata={
+        "help": f"pixel budget lower bound (default: the training recipes', {DEFAULT_MIN_PIXELS})"})  # fmt: skip
+    max_pixels: int | None = field(default=None, metadata={
+        "help": f"pixel budget upper bound (default: the training recipes', {DEFAULT_MAX_PIXELS})"})  # fmt: skip
+    limit: int | None = field(default=None, metadata={"help": "evaluate only the first N items"})
+    seeds: list[int] = field(default_factory=list, metadata={
+        "help": "sampled passes (after the greedy one), one per seed"})  # fmt: skip
+    temperature: float = field(default=1.0, metadata={"help": "temperature of the seeded passes"})
+    prompt_template: str = field(default="eval", metadata={
+        "help": "eval (R1-V's eval prompt), train (the training prompt) or a suzak.prompts template name"})  # fmt: skip
+    skip_missing: bool = field(default=False, metadata={
+        "help": "skip items whose image is missing (counted in the summary)"})  # fmt: skip
+    fresh: bool = field(default=False, metadata={
+        "help": "discard partial results of an earlier run instead of resuming"})  # fmt: skip
+    num_rows: int = field(default=200, metadata={"help": "clevr_synthetic: scenes to draw"})
+    data_seed: int = field(default=CLEVR_HELDOUT_SEED, metadata={"help": "clevr_synthetic: scene seed (held out)"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "model dtype (default: bfloat16 on a GPU, float32 on the CPU)"})  # fmt: skip
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: GPUs per model"})
+    progress: bool = field(default=True, metadata={"help": "a progress bar (--no_progress: none)"})
+    scoring: str = field(default="strict", metadata={
+        "help": "the rule behind `accuracy` and the Accuracy line; the task's other rule is reported beside it ("
+        + "; ".join(f"{rule}: {text}" for rule, text in SCORING_RULES.items()) + "; gsm8k has strict only)",
+        "choices": list(SCORING_RULES)})  # fmt: skip
 
     def __post_init__(self):
+        if self.task is None:
+            raise SuzakError(f"no task: give one of {', '.join(TASKS)} (python -m suzak.eval TASK --model_path M)")
         if self.engine not in ("hf", "vllm"):
             raise SuzakError(f"unknown engine {self.engine!r}: use hf or vllm")
         if self.scoring not in SCORING_RULES:
@@ -108,44 +134,23 @@ class EvalReport:
 # --- ranks ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Distributed:
-    """This process's rank and the world size; single-process unless torchrun set ``WORLD_SIZE`` > 1."""
+def process_state():
+    """accelerate's ``PartialState``: one process, or (under torchrun) this rank of the process group it starts
+    (NCCL on GPUs; without a GPU, accelerate's CPU mode and gloo)."""
+    import torch
+    from accelerate import PartialState
 
-    rank: int = 0
-    world: int = 1
+    return PartialState(cpu=not torch.cuda.is_available())
 
-    @classmethod
-    def from_env(cls) -> Distributed:
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return cls()
-        import torch
-        import torch.distributed as dist
 
-        if not dist.is_initialized():
-            if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size())
+def shard(items: list, state) -> list:
+    """This rank's share of ``items``: every ``num_processes``-th item from ``process_index`` on.
 
-    def shard(self, items: list) -> list:
-        return items[self.rank :: self.world]
-
-    def gather(self, obj: Any) -> list | None:
-        """Every rank's ``obj`` on rank 0 (in rank order), None elsewhere."""
-        if self.world == 1:
-            return [obj]
-        import torch.distributed as dist
-
-        gathered = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(obj, gathered, dst=0)
-        return gathered
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+    >>> from types import SimpleNamespace
+    >>> [shard(list(range(7)), SimpleNamespace(process_index=r, num_processes=3)) for r in range(3)]
+    [[0, 3, 6], [1, 4], [2, 5]]
+    """
+    return items[state.process_index :: state.num_processes]
 
 
 # --- partial results -----------------------------------------------------------------------------------------------
@@ -154,11 +159,11 @@ class Distributed:
 class PartialStore:
     """Finished outputs of one pass as JSON lines, one file per rank; the first line holds the pass's settings."""
 
-    def __init__(self, output_path: str | Path, settings: dict, dist: Distributed | None = None):
+    def __init__(self, output_path: str | Path, settings: dict, state=None):
         self.output_path = Path(output_path)
         self.settings = settings
-        dist = dist or Distributed()
-        suffix = ".partial.jsonl" if dist.world == 1 else f".partial.rank{dist.rank}.jsonl"
+        state = state or process_state()
+        suffix = ".partial.jsonl" if state.num_processes == 1 else f".partial.rank{state.process_index}.jsonl"
         self.path = self.output_path.with_name(self.output_path.name + suffix)
 
     def files(self) -> list[Path]:
@@ -256,10 +261,8 @@ def engine_row(item: EvalItem) -> dict:
 
 
 def default_budget(config: EvalConfig) -> PixelBudget:
-    """``--min_pixels/--max_pixels`` when given, else the training recipe's defaults (``SuzakArguments``)."""
-    from suzak.train import SuzakArguments
-
-    return PixelBudget(config.min_pixels or SuzakArguments.min_pixels, config.max_pixels or SuzakArguments.max_pixels)
+    """``--min_pixels/--max_pixels`` when given, else the training recipes' default budget (:class:`PixelBudget`)."""
+    return PixelBudget(config.min_pixels or DEFAULT_MIN_PIXELS, config.max_pixels or DEFAULT_MAX_PIXELS)
 
 
 def _warn_budget(model_path: str, saved: PixelBudget | None, budget: PixelBudget) -> None:
@@ -272,18 +275,18 @@ def _warn_budget(model_path: str, saved: PixelBudget | None, budget: PixelBudget
         )  # fmt: skip
 
 
-def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: list[EvalItem], *,
-                 dist: Distributed | None = None, vllm_module: Any = None) -> HFEngine | VLLMEngine:  # fmt: skip
+def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: list[EvalItem], *, state=None,
+                 vllm_module: Any = None) -> HFEngine | VLLMEngine:  # fmt: skip
     """The generation engine ``config.engine`` names, with the task's batch size and token limit as defaults."""
-    dist = dist or Distributed()
+    state = state or process_state()
     batch_size = config.batch_size or task.batch_size
     max_new_tokens = config.max_new_tokens or task.max_new_tokens
-    progress = config.progress and dist.rank == 0
+    progress = config.progress and state.is_main_process
     if config.engine == "hf":
         model, processing_class = load_eval_model(config.model_path, dtype=config.dtype, device=eval_device())
         _warn_budget(config.model_path, saved_budget(processing_class), budget)
         return HFEngine(model, processing_class, budget, batch_size, max_new_tokens, progress=progress)
-    if dist.world > 1:
+    if state.num_processes > 1:
         raise SuzakError("--engine vllm runs as one process: use --tensor_parallel_size instead of torchrun")
     from transformers import AutoProcessor, GenerationConfig
 
@@ -326,18 +329,18 @@ def _scored_rows(task: Task, items: list[EvalItem], outputs: dict[str, str], sco
 
 
 def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, settings: dict, *, temperature: float = 0.0,
-             seed: int | None = None, dist: Distributed | None = None, fresh: bool = False,
+             seed: int | None = None, state=None, fresh: bool = False,
              scoring: str = "strict") -> RunResult | None:  # fmt: skip
     """Generate what the partial file lacks, then (rank 0) score everything under every rule and write R1-V's JSON
     (``accuracy`` under ``scoring``)."""
-    dist = dist or Distributed()
-    store = PartialStore(output_path, {**settings, "temperature": temperature, "seed": seed}, dist)
-    if fresh and dist.rank == 0:
+    state = state or process_state()
+    store = PartialStore(output_path, {**settings, "temperature": temperature, "seed": seed}, state)
+    if fresh and state.is_main_process:
         store.discard()
-    dist.barrier()
+    state.wait_for_everyone()
     done = store.load()
-    dist.barrier()  # every rank has read the old files before any rank appends
-    todo = dist.shard([item for item in items if item.key not in done])
+    state.wait_for_everyone()  # every rank has read the old files before any rank appends
+    todo = shard([item for item in items if item.key not in done], state)
     if done:
         reused = sum(item.key in done for item in items)
         logger.info("%s: resuming, %d of %d items already done", output_path, reused, len(items))
@@ -349,9 +352,9 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
         new.update(records)
 
     engine.generate([engine_row(item) for item in todo], temperature=temperature, seed=seed, on_batch=save_batch)
-    gathered = dist.gather(new)
+    gathered = gather_object([new])  # every rank's outputs, in rank order
     result = None
-    if dist.rank == 0:
+    if state.is_main_process:
         outputs = done | {k: v for shard in gathered for k, v in shard.items()}
         results = _scored_rows(task, items, outputs, scoring, str(settings.get("data", output_path)))
         other = task.other_rule(scoring)
@@ -362,7 +365,7 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
         if other is not None:
             result.other_accuracy = accuracy(results, rule_flag(other))
             result.other_correct = sum(r[rule_flag(other)] for r in results)
-    dist.barrier()
+    state.wait_for_everyone()
     return result
 
 
@@ -395,18 +398,18 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     task.scorer(config.scoring)  # a rule the task lacks stops here, before any model loads
     budget = default_budget(config)
     items, skipped = prepare_items(config, task)
-    dist = Distributed.from_env()
-    engine = engine or build_engine(config, task, budget, items, dist=dist)
+    state = process_state()
+    engine = engine or build_engine(config, task, budget, items, state=state)
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, task, budget)
-    greedy = run_pass(task, items, engine, output, settings, dist=dist, fresh=config.fresh, scoring=config.scoring)
+    greedy = run_pass(task, items, engine, output, settings, state=state, fresh=config.fresh, scoring=config.scoring)
     sampled = [
         run_pass(task, items, engine, seed_output_path(output, s), settings, temperature=config.temperature,
-                 seed=s, dist=dist, fresh=config.fresh, scoring=config.scoring)
+                 seed=s, state=state, fresh=config.fresh, scoring=config.scoring)
         for s in config.seeds
     ]  # fmt: skip
-    if dist.rank != 0:
+    if not state.is_main_process:
         return None
     summary_path = output.with_suffix(".md")
     shown = {**settings, "batch_size": engine.batch_size, "items": len(items), "skipped_missing": skipped}

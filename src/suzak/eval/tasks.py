@@ -233,7 +233,7 @@ def _r1v_items(prompt_path: str, *, image_root: str | None, template: str, **_un
 
 def _gsm8k_items(prompt_path: str | None, *, template: str, **_unused) -> list[EvalItem]:
     """GSM8K test: a local JSONL of ``{"question", "answer"}`` rows, else Hub ``openai/gsm8k`` (split test)."""
-    from suzak.data import gsm8k
+    from suzak.data.builders import gsm8k
 
     dataset = gsm8k(split="test", path=prompt_path, template=template)
     return [
@@ -245,7 +245,7 @@ def _gsm8k_items(prompt_path: str | None, *, template: str, **_unused) -> list[E
 
 def _clevr_items(prompt_path: str | None, *, template: str, num_rows: int, data_seed: int, **_unused) -> list[EvalItem]:
     """Held-out procedural CLEVR scenes (seed ``data_seed``, disjoint from training seeds)."""
-    from suzak.clevr import generate_rows
+    from suzak.data.clevr import generate_rows
 
     items = []
     for row in generate_rows(num_rows, seed=data_seed, progress=False):

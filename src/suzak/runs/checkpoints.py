@@ -2,7 +2,7 @@
 
 transformers writes ``checkpoint-N/`` in place (weights, optimizer, scheduler, RNG, then ``trainer_state.json``), not
 to a temporary folder that is renamed, so a process killed mid-save leaves a half-written folder. suzak adds a
-marker once the Trainer has finished (``CheckpointMarkerCallback`` in :mod:`suzak.callbacks`): ``.suzak-complete.json``
+marker once the Trainer has finished (``CheckpointMarkerCallback`` in :mod:`suzak.runs.streams`): ``.suzak-complete.json``
 listing every file and its size. A folder is complete when
 
 - it has the marker and every listed file exists with its listed size (a later truncation or a half-done deletion

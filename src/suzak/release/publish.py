@@ -6,7 +6,7 @@
 
 The release folder (``--output``, default ``<checkpoint>/release``) holds exactly what is uploaded: the weights
 (safetensors), config and generation config, the processor files (preprocessor config, tokenizer, chat template),
-``README.md`` (the model card of :mod:`suzak.model_card`), ``recipe.yaml`` and ``run_info.json`` (secrets masked),
+``README.md`` (the model card of :mod:`suzak.release.publish.model_card`), ``recipe.yaml`` and ``run_info.json`` (secrets masked),
 ``metrics.csv``, the training-curve PNGs under ``plots/`` and the evaluation results under ``eval/``. ``--dry_run``
 stops there. Before anything is uploaded every text file is checked for secret values.
 
@@ -30,8 +30,8 @@ import yaml
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.model_card import CARD_SIGNATURE, EvalEntry, TrainingFacts, load_eval_result, render_card
 from suzak.redaction import find_secrets, redact
+from suzak.release.model_card import CARD_SIGNATURE, EvalEntry, TrainingFacts, load_eval_result, render_card
 
 __all__ = ["Release", "build_release", "main", "release_request", "resolve_token", "upload_release"]
 
@@ -181,7 +181,7 @@ def _copy_run_files(run_dir: Path | None, output: Path) -> tuple[str | None, dic
 
 def _plots(run_dir: Path | None, output: Path) -> list[str]:
     """Training curves drawn afresh from the run's metrics into ``plots/``; relative paths."""
-    from suzak.plot import plot_run
+    from suzak.runs.plots import plot_run
 
     if run_dir is None:
         return []
@@ -333,7 +333,3 @@ def main(argv: list[str] | None = None) -> None:
         print(_run(args))
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
-
-
-if __name__ == "__main__":
-    main()

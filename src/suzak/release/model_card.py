@@ -18,6 +18,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.redaction import redact
+from suzak.vision import DEFAULT_MAX_PIXELS
 
 __all__ = [
     "CARD_SIGNATURE",
@@ -47,7 +48,7 @@ def hub_model_id(name: str | None) -> str | None:
 
 def dataset_repos(dataset_name: str | None) -> list[str]:
     """Hub dataset ids behind a recipe's ``dataset_name`` (builder aliases resolved); none for local/procedural."""
-    from suzak.data import CLEVR_COGEN_REPO, GEOQA_REPO, GSM8K_REPO
+    from suzak.data.builders import CLEVR_COGEN_REPO, GEOQA_REPO, GSM8K_REPO
 
     aliases = {"clevr_cogen": CLEVR_COGEN_REPO, "geoqa_r1v": GEOQA_REPO, "gsm8k": GSM8K_REPO}
     if dataset_name in aliases:
@@ -221,7 +222,7 @@ def _hardware(info: dict[str, Any]) -> str:
 
 
 def _training_section(facts: TrainingFacts) -> list[str]:
-    from suzak.run_record import training_seconds
+    from suzak.runs.record import training_seconds
 
     lo, hi = facts.setting("min_pixels"), facts.setting("max_pixels")
     budget = f"{lo}..{hi} pixels (at most {hi // 784} visual tokens per image)" if lo and hi else "not recorded"
@@ -252,7 +253,7 @@ def _usage(repo_id: str, facts: TrainingFacts) -> list[str]:
         return ["## Usage", "", f"A LoRA adapter for `{facts.setting('model_name_or_path')}`: load the base model and "
                 f'`PeftModel.from_pretrained(model, "{repo_id}")`, or merge it locally with '
                 "`python -m suzak.export lora ADAPTER_DIR`."]  # fmt: skip
-    hi = facts.setting("max_pixels") or 401408
+    hi = facts.setting("max_pixels") or DEFAULT_MAX_PIXELS
     return ["## Usage", "", "```python", "from transformers import AutoModelForImageTextToText, AutoProcessor", "",
             f'model = AutoModelForImageTextToText.from_pretrained("{repo_id}")',
             f'processor = AutoProcessor.from_pretrained("{repo_id}")  # pixel budget as trained: max {hi} pixels',

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from suzak.callbacks import message_text
+from suzak.parsing import message_text
 from suzak.vision import PixelBudget
 
 __all__ = ["GenerationEvalCallback"]

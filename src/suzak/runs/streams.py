@@ -6,7 +6,7 @@
   reference, completion, each reward, the weighted total, the advantage, and the columns rewards add through TRL's
   ``log_extra``), appended as soon as the batch is scored. ``step`` is the optimizer step the batch trains
   (``global_step + 1`` when it is generated), so it lines up with that step's row in ``metrics.csv``.
-- ``checkpoint-N/.suzak-complete.json``: the completion marker of :mod:`suzak.checkpoints`.
+- ``checkpoint-N/.suzak-complete.json``: the completion marker of :mod:`suzak.runs.checkpoints`.
 
 A process killed at any point loses nothing already written. When a run resumes from ``checkpoint-N``, rows past
 step N (logged by the run that died, and about to be produced again) are dropped, so each file holds one history.
@@ -27,7 +27,8 @@ from typing import Any
 from PIL import Image
 from transformers import TrainerCallback
 
-from suzak.checkpoints import begin_overwrite, mark_complete
+from suzak.runs.checkpoints import begin_overwrite, mark_complete
+from suzak.vision import images_of
 
 __all__ = [
     "CSVStream",
@@ -35,9 +36,7 @@ __all__ = [
     "CompletionsCSVCallback",
     "MetricsCSVCallback",
     "add_run_callbacks",
-    "completion_rows",
     "image_reference",
-    "message_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -160,7 +159,7 @@ class CompletionsCSVCallback(_StreamCallback):
 
 
 class CheckpointMarkerCallback(TrainerCallback):
-    """Marks each checkpoint complete once the Trainer has written all of it (see :mod:`suzak.checkpoints`)."""
+    """Marks each checkpoint complete once the Trainer has written all of it (see :mod:`suzak.runs.checkpoints`)."""
 
     def _folder(self, args, state) -> Path:
         return Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -200,45 +199,13 @@ def add_run_callbacks(trainer) -> None:
         trainer.completion_listeners.append(completions.write)
 
 
-# --- completion rows ----------------------------------------------------------------------------------------------
-
-
-def message_text(messages: Any) -> str:
-    """Plain text of a prompt or completion: a string, or chat messages with ``<image>`` for image parts.
-
-    >>> message_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}])
-    '<image>How many?'
-    >>> message_text([{"role": "assistant", "content": "<answer>3</answer>"}])
-    '<answer>3</answer>'
-    """
-    if isinstance(messages, str):
-        return messages
-    return "\n".join(_content_text(m.get("content") if isinstance(m, dict) else m) for m in messages or [])
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = [part for part in content or [] if isinstance(part, dict)]
-    return "".join("<image>" if part.get("type") == "image" else str(part.get("text") or "") for part in parts)
+# --- image references ---------------------------------------------------------------------------------------------
 
 
 def _image_hash(image: Image.Image) -> str:
     digest = hashlib.sha1(f"{image.mode}{image.size}".encode())
     digest.update(image.tobytes())
     return "sha1:" + digest.hexdigest()[:12]
-
-
-def _row_images(row: Mapping[str, Any]) -> list[Image.Image]:
-    images = row.get("images") if isinstance(row.get("images"), list) else [row.get("image")]
-    inline = [
-        part["image"]
-        for message in row.get("prompt") or []
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for part in message["content"]
-        if isinstance(part, dict) and isinstance(part.get("image"), Image.Image)
-    ]
-    return [img for img in images + inline if isinstance(img, Image.Image)]
 
 
 def image_reference(row: Mapping[str, Any]) -> str:
@@ -253,42 +220,4 @@ def image_reference(row: Mapping[str, Any]) -> str:
         value = row.get(column)
         if value is not None and value != "":
             return str(value) if column == "image_path" else f"{column}:{value}"
-    return ";".join(_image_hash(img) for img in _row_images(row))
-
-
-def _tail(values: Sequence | Iterable, count: int) -> list:
-    values = list(values)
-    return values[-count:] if count else []
-
-
-def completion_rows(logs: Mapping[str, Any], image_refs: Sequence[str], step: int,
-                    reward_weights: Sequence[float] | None = None, extra_columns: Iterable[str] = ()) -> list[dict]:  # fmt: skip
-    """CSV rows for the newest generation batch held in TRL's ``GRPOTrainer._logs``.
-
-    TRL appends every scored batch (gathered over ranks) to ``_logs`` deques; the last ``len(image_refs)`` entries
-    are this batch. ``extra_columns`` are the ``log_extra`` columns written for this batch (older ones may be stale).
-    """
-    count = min(len(image_refs), len(logs["prompt"]))
-    rewards = {name: _tail(values, count) for name, values in logs["rewards"].items()}
-    columns: dict[str, list] = {
-        "prompt": [message_text(p) for p in _tail(logs["prompt"], count)],
-        "image": list(image_refs[-count:]) if count else [],
-        "completion": [message_text(c) for c in _tail(logs["completion"], count)],
-        **{f"reward/{name}": values for name, values in rewards.items()},
-    }
-    if reward_weights is not None and rewards:
-        weighted = zip(*rewards.values(), strict=True)
-        columns["reward"] = [sum(w * r for w, r in zip(reward_weights, rs, strict=True) if not math.isnan(r))
-                             for rs in weighted]  # fmt: skip
-    columns["advantage"] = _tail(logs["advantages"], count)
-    for name in extra_columns:
-        if name in logs["extra"]:
-            columns[name] = _tail(logs["extra"][name], count)
-    rows = [{"step": step} | {key: _cell(values[i]) for key, values in columns.items()} for i in range(count)]
-    return rows
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return ""
-    return "" if value is None else value
+    return ";".join(_image_hash(img) for img in images_of(row))

@@ -17,6 +17,7 @@ The question text always goes through :mod:`suzak.prompts`, so training, SFT and
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.parsing import gold_answer
-from suzak.prompts import build_conversation, get_template
+from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
 __all__ = [
     "DATASETS",
@@ -55,7 +56,7 @@ def _with_prompt(row: dict, template: str, num_images: int, question_key: str = 
 
 
 def _clevr_rows(template: str, solution_format: str, **options) -> Iterator[dict]:
-    from suzak.clevr import generate_rows
+    from suzak.data.clevr import generate_rows
 
     for row in generate_rows(**options):
         problem = row["problem"]
@@ -84,7 +85,7 @@ def clevr_synthetic(
     height: int = 240,
     sizes: tuple[str, ...] | list[str] | None = None,
     zoom: float = 1.0,
-    template: str = "r1v",
+    template: str = DEFAULT_TEMPLATE,
     solution_format: str = "<answer> {n} </answer>",
     progress: bool = True,
     cache_dir: str | None = None,
@@ -125,7 +126,7 @@ def clevr_synthetic(
 # --- Hub sources -------------------------------------------------------------------------------------------------
 
 
-def _r1v_hub(repo_id: str, split: str, template: str, **kwargs):
+def _r1v_hub(repo_id: str, split: str, template: str, revision: str | None, cache_dir: str | None):
     from suzak.hub import load_hub_dataset
 
     hint = (
@@ -133,7 +134,7 @@ def _r1v_hub(repo_id: str, split: str, template: str, **kwargs):
         ".save_to_disk('data/" + repo_id.split("/")[-1] + "')\"` and set dataset_name to that folder; "
         "offline, use dataset_name=clevr_synthetic or a JSONL file"
     )
-    dataset = load_hub_dataset(repo_id, split=split, hint=hint, **kwargs)
+    dataset = load_hub_dataset(repo_id, split=split, hint=hint, revision=revision, cache_dir=cache_dir)
     return _r1v_columns(dataset, template)
 
 
@@ -145,14 +146,16 @@ def _r1v_columns(dataset, template: str):
     return dataset.map(lambda row: _with_prompt(row, template, num_images=1), desc="prompts")
 
 
-def clevr_cogen(split: str = "train", *, template: str = "r1v", **kwargs):
+def clevr_cogen(split: str = "train", *, template: str = DEFAULT_TEMPLATE, revision: str | None = None,
+                cache_dir: str | None = None):  # fmt: skip
     """R1-V's CLEVR-CoGenT-A counting set from the Hub (``leonardPKU/clevr_cogen_a_train``, ~70k rows)."""
-    return _r1v_hub(CLEVR_COGEN_REPO, split, template, **kwargs)
+    return _r1v_hub(CLEVR_COGEN_REPO, split, template, revision, cache_dir)
 
 
-def geoqa_r1v(split: str = "train", *, template: str = "r1v", **kwargs):
+def geoqa_r1v(split: str = "train", *, template: str = DEFAULT_TEMPLATE, revision: str | None = None,
+              cache_dir: str | None = None):  # fmt: skip
     """R1-V's GeoQA training set from the Hub (``leonardPKU/GEOQA_R1V_Train_8K``)."""
-    return _r1v_hub(GEOQA_REPO, split, template, **kwargs)
+    return _r1v_hub(GEOQA_REPO, split, template, revision, cache_dir)
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -177,7 +180,8 @@ def _gsm8k_columns(dataset, template: str, source: str):
     return dataset.map(convert, with_indices=True, desc="prompts")
 
 
-def gsm8k(split: str = "train", *, path: str | None = None, template: str = "gsm8k", **kwargs):
+def gsm8k(split: str = "train", *, path: str | None = None, template: str = "gsm8k", revision: str | None = None,
+          cache_dir: str | None = None):  # fmt: skip
     """GSM8K (Hub ``openai/gsm8k``, config ``main``) or a local JSONL of the same rows (``path``).
 
     ``solution`` is the gold number; the worked ``answer`` is kept (SFT targets use it).
@@ -190,15 +194,15 @@ def gsm8k(split: str = "train", *, path: str | None = None, template: str = "gsm
     from suzak.hub import load_hub_dataset
 
     hint = "Offline, pass a local JSONL of GSM8K rows ({'question', 'answer'}) as dataset_name"
-    dataset = load_hub_dataset(GSM8K_REPO, "main", split=split, hint=hint, **kwargs)
+    dataset = load_hub_dataset(GSM8K_REPO, "main", split=split, hint=hint, revision=revision, cache_dir=cache_dir)
     return _gsm8k_columns(dataset, template, GSM8K_REPO)
 
 
-def gsm8k_synthetic(num_rows: int = 256, *, seed: int = 0, start: int = 0, template: str = "gsm8k", **_unused):
-    """Made-up word problems in GSM8K's row format (:mod:`suzak.wordproblems`), offline; same columns as ``gsm8k``."""
+def gsm8k_synthetic(num_rows: int = 256, *, seed: int = 0, start: int = 0, template: str = "gsm8k"):
+    """Made-up word problems in GSM8K's row format (:mod:`suzak.data.wordproblems`), offline; same columns as ``gsm8k``."""
     import datasets
 
-    from suzak.wordproblems import word_problems
+    from suzak.data.wordproblems import word_problems
 
     rows = list(word_problems(num_rows, seed=seed, start=start))
     return _gsm8k_columns(datasets.Dataset.from_list(rows), template, "gsm8k_synthetic")
@@ -234,7 +238,7 @@ def _first_key(row: dict, keys: tuple[str, ...]) -> str | None:
     return next((k for k in keys if k in row), None)
 
 
-def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: str = "r1v", **_unused):
+def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: str = DEFAULT_TEMPLATE):
     """A local JSONL file of image questions.
 
     Accepts R1-V's eval lines (``{"image_path", "question", "ground_truth"}``) and training-style lines
@@ -297,33 +301,45 @@ DATASETS: dict[str, Callable[..., Any]] = {
 
 
 def build_dataset(name: str, **options):
-    """A dataset by builder name, Hub alias, local folder (``save_to_disk``/parquet) or JSONL file."""
+    """A dataset by builder name, Hub alias, local folder (``save_to_disk``/parquet) or JSONL file.
 
-    if name in DATASETS:
-        return DATASETS[name](**options)
+    An option the builder does not take is one line naming it and the builder's options (never silently ignored).
+    """
     aliases = {CLEVR_COGEN_REPO: clevr_cogen, GEOQA_REPO: geoqa_r1v, GSM8K_REPO: gsm8k}
-    if name in aliases:
-        return aliases[name](**options)
+    builder = DATASETS.get(name) or aliases.get(name)
+    if builder is not None:
+        return builder(**_checked(name, builder, options))
     path = Path(name)
     if path.suffix == ".jsonl":
-        return _local_jsonl(path, **options)
+        return _local_jsonl(path, **_checked(name, _local_jsonl, options, taken=("path",)))
     if path.is_dir():
-        return _local_folder(path, **options)
+        return _local_folder(path, **_checked(name, _local_folder, options, taken=("path",)))
     raise SuzakError(
         f"unknown dataset {name!r}: not a builder ({', '.join(DATASETS)}), a Hub alias "
         f"({', '.join(aliases)}), a .jsonl file or a local dataset folder"
     )
 
 
-def _local_jsonl(path: Path, **options):
+def _checked(name: str, builder: Callable, options: dict, taken: tuple[str, ...] = ()) -> dict:
+    """``options``, once each is a keyword parameter of ``builder`` (``taken``: set by suzak, not an option)."""
+    params = inspect.signature(builder).parameters.values()
+    valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in taken]
+    unknown = [key for key in options if key not in valid]
+    if unknown:
+        raise SuzakError(f"dataset {name!r}: unknown option {unknown[0]!r} (dataset_options); its options: "
+                         f"{', '.join(valid)}")  # fmt: skip
+    return options
+
+
+def _local_jsonl(path: Path, *, image_root: str | Path | None = None, template: str | None = None):
     """A JSONL file: GSM8K rows (question + answer, no image) or image questions."""
     first = next((row for _, row in read_jsonl(path)), {})
     if "answer" in first and "question" in first and not set(_IMAGE_KEYS + ("images",)) & set(first):
-        return gsm8k(path=str(path), **{k: v for k, v in options.items() if k == "template"})
-    return jsonl(path, **options)
+        return gsm8k(path=str(path), **({"template": template} if template else {}))
+    return jsonl(path, image_root=image_root, template=template or DEFAULT_TEMPLATE)
 
 
-def _local_folder(path: Path, template: str = "r1v", split: str = "train", **_unused):
+def _local_folder(path: Path, *, template: str = DEFAULT_TEMPLATE, split: str = "train"):
     """A folder written by ``save_to_disk`` (prompts included) or a Hub-layout parquet/R1-V copy."""
     import datasets
 
@@ -336,7 +352,7 @@ def _local_folder(path: Path, template: str = "r1v", split: str = "train", **_un
     if "prompt" in dataset.column_names:
         return dataset
     if {"question", "answer"} <= set(dataset.column_names):
-        return _gsm8k_columns(dataset, template if template != "r1v" else "gsm8k", str(path))
+        return _gsm8k_columns(dataset, template if template != DEFAULT_TEMPLATE else "gsm8k", str(path))
     return _r1v_columns(dataset, template)
 
 
@@ -391,7 +407,3 @@ def main(argv: list[str] | None = None) -> None:
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
     print(f"wrote {len(dataset)} rows ({', '.join(dataset.column_names)}) to {out}")
-
-
-if __name__ == "__main__":
-    main()

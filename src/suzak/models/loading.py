@@ -1,6 +1,6 @@
 """Model and processor loading: Qwen2.5-VL / Qwen2-VL through the Auto classes, text models too.
 
-- ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.tiny`.
+- ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.models.tiny`.
 - ``attn_implementation: auto`` picks flash_attention_2 when flash-attn imports and a CUDA GPU is present, else
   sdpa, and logs which.
 - dtype: bf16 weights when the run trains in bf16 under DeepSpeed or LoRA (fp32 master weights exist there);
@@ -20,6 +20,7 @@ from suzak import SuzakError
 
 __all__ = [
     "TINY_MODEL",
+    "adapter_base",
     "freeze_vision_tower",
     "load_model_and_processor",
     "pick_attn_implementation",
@@ -36,10 +37,10 @@ def tiny_model_cache() -> Path:
     model (a tokenizer built by older code would not match the prompts)."""
     import hashlib
 
+    import suzak.models.tiny
     import suzak.prompts
-    import suzak.tiny
 
-    source = "".join(Path(m.__file__).read_text() for m in (suzak.tiny, suzak.prompts))
+    source = "".join(Path(m.__file__).read_text() for m in (suzak.models.tiny, suzak.prompts))
     root = os.environ.get("SUZAK_CACHE") or Path.home() / ".cache" / "suzak"
     return Path(root) / f"tiny-qwen2.5-vl-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
@@ -52,7 +53,7 @@ def resolve_model_path(name: str) -> str:
     if not (path / "config.json").is_file():
         import shutil
 
-        from suzak.tiny import build_tiny_model
+        from suzak.models.tiny import build_tiny_model
 
         logger.info("building the offline tiny Qwen2.5-VL in %s", path)
         scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"))
@@ -143,6 +144,20 @@ def load_model_and_processor(model_args, training_args):
             processing_class = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
     logger.info("loaded %s (%s, %s)", path, type(model).__name__, kwargs["dtype"])
     return model, processing_class
+
+
+def adapter_base(path: str | Path) -> str | None:
+    """The base model a LoRA adapter folder names (``adapter_config.json``), or None when ``path`` is not one."""
+    import json
+
+    config_file = Path(path) / "adapter_config.json"
+    if not config_file.is_file():
+        return None
+    base = json.loads(config_file.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise SuzakError(f"{config_file} names no base_model_name_or_path: cannot tell which model the adapter is for "
+                         "(`python -m suzak.export lora` takes --base_model)")  # fmt: skip
+    return base
 
 
 def vision_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:

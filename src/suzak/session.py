@@ -1,0 +1,178 @@
+"""A training run from recipe to published model, shared by GRPO (``suzak.train``) and SFT (``suzak.sft``).
+
+Parse the recipe, build the datasets (held-out rows for the generation eval never trained on) and the trainer,
+resume from the newest complete checkpoint when asked, start the run's records, train, save, then close the record,
+draw the plots and publish when ``push_to_hub`` is set. Besides checkpoints, every run writes to its output dir:
+``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``metrics.csv``
+and ``completions.csv`` (streamed, :mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
+(:mod:`suzak.runs.plots`). ``push_to_hub: true`` publishes the final model once, at the end, with suzak's model card
+(:mod:`suzak.release.publish`); the Trainer's own per-save pushes are turned off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from suzak import SuzakError
+from suzak.configs import full_argv
+from suzak.runs.checkpoints import checkpoint_step, latest_checkpoint
+
+__all__ = ["add_first", "build_datasets", "build_eval_callback", "main", "resolve_resume", "run", "setup_reporting"]
+
+logger = logging.getLogger(__name__)
+
+
+def setup_reporting(train_args, recipe: str | None = None) -> None:
+    """Run name from the recipe; W&B without an API key runs offline (said once) instead of prompting or crashing."""
+    if train_args.run_name is None:
+        train_args.run_name = Path(recipe).stem if recipe else Path(train_args.output_dir).name
+    if "wandb" not in (train_args.report_to or []):
+        return
+    logged_in = os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").is_file()
+    if not logged_in and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
+        os.environ["WANDB_MODE"] = "offline"
+        logger.warning("no WANDB_API_KEY: W&B runs offline (sync later with `wandb sync wandb/offline-run-*`)")
+    os.environ.setdefault("WANDB_PROJECT", "suzak")
+
+
+def resolve_resume(train_args) -> str | bool | None:
+    """``resume_from_checkpoint`` with ``latest``/``last`` replaced by the newest complete checkpoint (or None)."""
+    value = train_args.resume_from_checkpoint
+    if value not in ("latest", "last"):
+        return value
+    found = latest_checkpoint(train_args.output_dir)
+    if found is None:
+        logger.warning(
+            "resume_from_checkpoint=latest: no complete checkpoint in %s, starting fresh", train_args.output_dir
+        )
+    else:
+        logger.info("resuming from %s", found)
+    return found
+
+
+SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic")  # row i depends on (seed, start + i) alone
+
+
+def build_datasets(suzak_args, seed: int):
+    """(train dataset, held-out rows or None). Held-out rows are never trained on."""
+    import inspect
+
+    from suzak.data import DATASETS, build_dataset
+
+    options = dict(suzak_args.dataset_options or {})
+    options.setdefault("template", suzak_args.prompt_template)
+    dataset = build_dataset(suzak_args.dataset_name, **options)
+    heldout = None
+    if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
+        builder = DATASETS[suzak_args.dataset_name]
+        num_rows = options.get("num_rows", inspect.signature(builder).parameters["num_rows"].default)
+        after = {**options, "num_rows": suzak_args.eval_rows, "start": options.get("start", 0) + num_rows}
+        heldout = list(build_dataset(suzak_args.dataset_name, **after))
+    elif suzak_args.eval_rows > 0:
+        count = min(suzak_args.eval_rows, len(dataset) // 2)
+        if count < suzak_args.eval_rows:
+            logger.warning("eval_rows=%d: only %d of %d rows held out", suzak_args.eval_rows, count, len(dataset))
+        heldout = list(dataset.select(range(len(dataset) - count, len(dataset))))
+        dataset = dataset.select(range(len(dataset) - count))
+    if suzak_args.max_train_rows is not None:
+        dataset = dataset.shuffle(seed=seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
+    return dataset, heldout
+
+
+def build_eval_callback(suzak_args, args, heldout, processing_class, budget):
+    """The generation-eval callback for the held-out rows (None without them), scored by the first reward."""
+    from suzak.rewards import resolve_reward
+    from suzak.runs.generation_eval import GenerationEvalCallback
+
+    if not heldout:
+        return None
+    if not args.eval_steps:
+        raise SuzakError("eval_rows needs eval_steps: how often to generate the held-out answers")
+    name = suzak_args.rewards[0]
+    scorer = resolve_reward(name, (suzak_args.reward_kwargs or {}).get(name))
+    return GenerationEvalCallback(
+        heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget,
+        batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
+    )  # fmt: skip
+
+
+def add_first(trainer, callback) -> None:
+    """Add ``callback`` ahead of the reporters, so values it adds to a log line reach W&B/TensorBoard."""
+    if callback is not None:
+        trainer.callback_handler.callbacks.insert(0, callback)
+
+
+def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None) -> None:
+    """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank)."""
+    from suzak.runs.record import save_recipe, start_run
+    from suzak.runs.streams import add_run_callbacks
+
+    add_run_callbacks(trainer)
+    if trainer.accelerator.is_main_process:
+        output_dir = trainer.args.output_dir
+        save_recipe(output_dir, full_argv(argv), parsed)
+        start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
+        start_run(output_dir, argv, parsed, resume, start_step)
+
+
+def _finish(trainer, release) -> None:
+    """Main process, after the final save: close run_info.json, draw the plots, publish when asked."""
+    from suzak.runs.plots import plot_run
+    from suzak.runs.record import finish_run
+
+    output_dir = trainer.args.output_dir
+    finish_run(output_dir, trainer.state.global_step)
+    try:
+        plot_run(output_dir)
+    except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a finished run; said, not hidden
+        logger.warning("plots failed (%s: %s); retry with `python -m suzak.plot %s`", type(error).__name__, error,
+                       output_dir)  # fmt: skip
+    if release is not None:
+        release.publish(output_dir)
+
+
+def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
+    """Parse, train, save, record, publish; returns the output dir.
+
+    ``parse(argv) -> (SuzakArguments, training config, ModelConfig)`` and ``build(suzak_args, config, model_args)
+    -> trainer`` are the trainer's own (``suzak.train``: GRPO; ``suzak.sft``: SFT).
+    """
+    from dotenv import load_dotenv
+
+    from suzak.release.publish import release_request
+    from suzak.runs.record import config_path
+
+    load_dotenv(os.environ.get("SUZAK_ENV_FILE", ".env"), override=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    suzak_args, train_args, model_args = parse(argv)
+    release = release_request(train_args, dry_run=suzak_args.release_dry_run)  # repo id and token checked up front
+    train_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
+    setup_reporting(train_args, recipe=config_path(argv))
+    trainer = build(suzak_args, train_args, model_args)
+    resume = resolve_resume(train_args)
+    _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(train_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.processing_class.save_pretrained(train_args.output_dir)
+        logger.info("model and processor saved to %s", train_args.output_dir)
+        _finish(trainer, release)
+    return train_args.output_dir
+
+
+def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
+    """A training command: logging, secrets redacted in every log line, one ``error:`` line for bad input."""
+    from suzak.redaction import install_log_redaction
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
+    try:
+        output_dir = run(argv, parse, build)
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    if int(os.environ.get("RANK", "0")) == 0:
+        logger.info("done: checkpoints, trainer_state.json and logs in %s", output_dir)

@@ -1,0 +1,114 @@
+"""The package's imports point one way: every suzak module belongs to a layer, imports only its own layer or those
+below, and no chain of imports runs in a circle (docs/architecture.md draws the layers)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
+
+# Lowest first. A module matches the longest name or "name.*" pattern it falls under.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("leaves", ("suzak", "suzak.prompts", "suzak.parsing", "suzak.vision", "suzak.redaction", "suzak.hub",
+                "suzak.trl_internals")),
+    ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.rewards")),
+    ("checks", ("suzak.checks",)),
+    ("eval", ("suzak.eval.*",)),
+    ("runs", ("suzak.runs.*",)),
+    ("release", ("suzak.release.*",)),
+    ("training", ("suzak.configs", "suzak.trainer", "suzak.session")),
+    ("commands", ("suzak.train", "suzak.sft", "suzak.selftest", "suzak.tiny", "suzak.export", "suzak.plot")),
+]  # fmt: skip
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def layer_of(module: str) -> int:
+    for number, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if (
+                module == pattern
+                or (pattern.endswith(".*") and module.startswith(pattern[:-1]))
+                or (pattern.endswith(".*") and module == pattern[:-2])
+            ):
+                return number
+    raise AssertionError(f"{module} is in no layer of tests/test_layers.py: place it (and in docs/architecture.md)")
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """suzak modules ``path`` imports, at module level or inside functions alike."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "suzak"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "suzak":
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+    return {name for name in found if name in modules}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    names = module_names()
+    return {name: imports_of(path, set(names)) - {name} for name, path in names.items()}
+
+
+def test_every_module_has_a_layer(graph):
+    for module in graph:
+        layer_of(module)
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+            for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a)]  # fmt: skip
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (``a -> b -> a``) of ``graph``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                cycle = path + [module, target]
+                return cycle[cycle.index(target) :]
+            if target not in state and (cycle := visit(target, path + [module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module, [])):
+            return cycle
+    return None
+
+
+def test_imports_point_down(graph):
+    assert upward_edges(graph) == []
+
+
+def test_no_import_cycles(graph):
+    assert find_cycle(graph) is None
+
+
+def test_the_checks_can_fail():
+    """An eval module importing the trainer is reported, and so are two modules importing each other."""
+    assert upward_edges({"suzak.eval.runner": {"suzak.trainer"}}) == [
+        "suzak.eval.runner (eval) imports suzak.trainer (training)"
+    ]
+    assert find_cycle({"suzak.parsing": {"suzak.vision"}, "suzak.vision": {"suzak.parsing"}}) == [
+        "suzak.parsing",
+        "suzak.vision",
+        "suzak.parsing",
+    ]
