@@ -101,3 +101,17 @@ def test_processor_sees_budget_tokens_after_fit(tiny_processor):
     out = processor.image_processor(images=images, return_tensors="pt")
     tokens = (out["image_grid_thw"].prod(-1) // 4).tolist()
     assert tokens == [budget.tokens(h, w) for (w, h) in sizes]
+
+
+@pytest.mark.parametrize("size", [(500, 1), (1, 500), (2000, 3), (3, 2000), (7000, 20)])
+def test_beyond_qwens_aspect_ratio_is_padded_and_counted_alike(size, tiny_processor):
+    """Qwen's processors refuse an aspect ratio over 200:1; fit_image pads such an image (white, centred) to 200:1,
+    and the budget's token count is the processor's for the padded image."""
+    budget = PixelBudget(3136, 401408)
+    image = Image.new("RGB", size, (10, 200, 30))
+    fitted = budget.fit(image)
+    assert max(fitted.size) / min(fitted.size) <= 200 and fitted.size[0] % 28 == fitted.size[1] % 28 == 0
+    grid = tiny_processor.image_processor(images=[fitted], return_tensors="pt")["image_grid_thw"]
+    assert int(grid.prod() // 4) == budget.tokens(size[1], size[0])
+    middle = fitted.getpixel((fitted.width // 2, fitted.height // 2))
+    assert middle[1] > 150  # the image's own pixels sit in the middle of the padding

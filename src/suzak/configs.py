@@ -63,6 +63,15 @@ class SuzakArguments:
     )
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
     preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
+    skip_bad_rows: bool = field(
+        default=False,
+        metadata={"help": "Rows that fail the validation before step 1 (an image that does not decode or fit, a gold "
+                          "answer a reward cannot read) are dropped and listed in OUTPUT_DIR/skipped_rows.jsonl "
+                          "instead of stopping the run."},
+    )  # fmt: skip
+    max_bad_fraction: float = field(
+        default=0.05, metadata={"help": "With skip_bad_rows: stop anyway when more than this fraction of rows is bad."}
+    )
     eval_rows: int = field(
         default=0,
         metadata={"help": "Held-out rows answered by greedy generation every eval_steps and scored by the first "

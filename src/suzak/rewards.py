@@ -18,6 +18,7 @@ import importlib
 import inspect
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from suzak import SuzakError
 from suzak.parsing import (
@@ -38,6 +39,7 @@ __all__ = [
     "clevr_count",
     "gsm8k_accuracy",
     "gsm8k_format",
+    "gold_parser",
     "math_accuracy",
     "r1v_accuracy",
     "resolve_reward",
@@ -46,6 +48,28 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def _reads_gold(parse: Callable[[str], Any]) -> Callable[[Callable], Callable]:
+    """Mark a reward with the parser it reads gold answers with: ``parse(gold_answer(solution))``, None when the gold
+    does not parse. The dataset validation checks every row's gold with it before step 1 (:func:`gold_parser`)."""
+
+    def mark(func: Callable) -> Callable:
+        func.gold_parser = parse
+        return func
+
+    return mark
+
+
+def gold_parser(reward: Callable) -> Callable[[str], Any] | None:
+    """The parser a reward reads gold answers with (also through recipe kwargs), or None when it declares none.
+
+    >>> gold_parser(clevr_count)("3"), gold_parser(resolve_reward("clevr_count", {"answer_format": "plain"}))("3")
+    (3, 3)
+    >>> gold_parser(think_format) is None
+    True
+    """
+    return getattr(getattr(reward, "func", reward), "gold_parser", None)
 
 
 def _golds(solution: list, parse: Callable, reward: str) -> list:
@@ -89,6 +113,7 @@ def _log_unparsed(answers: list, name: str, log_metric: Callable | None, log_ext
 # --- CLEVR counting (R1-V) ---------------------------------------------------------------------------------------
 
 
+@_reads_gold(parse_int_answer)
 def clevr_count(
     completions: list,
     solution: list,
@@ -111,7 +136,8 @@ def clevr_count(
     [1.0, 1.0, 0.0]
     """
     parse_answer = count_parser(answer_format)  # an unknown format raises here, even for an empty batch
-    return _answer_match("clevr_count", completions, solution, parse_int_answer, parse_answer, log_metric, log_extra)
+    golds = clevr_count.gold_parser
+    return _answer_match("clevr_count", completions, solution, golds, parse_answer, log_metric, log_extra)
 
 
 def think_format(completions: list, **kwargs) -> list[float | None]:
@@ -129,6 +155,7 @@ def think_format(completions: list, **kwargs) -> list[float | None]:
 # --- GSM8K -------------------------------------------------------------------------------------------------------
 
 
+@_reads_gold(parse_number)
 def gsm8k_accuracy(
     completions: list,
     solution: list,
@@ -141,9 +168,8 @@ def gsm8k_accuracy(
     >>> gsm8k_accuracy(["#### 18", "#### $18.00", "#### 17", "18"], solution=["Janet ...\\n#### 18"] * 4)
     [1.0, 1.0, 0.0, 0.0]
     """
-    return _answer_match(
-        "gsm8k_accuracy", completions, solution, parse_number, parse_gsm8k_answer, log_metric, log_extra
-    )
+    golds = gsm8k_accuracy.gold_parser
+    return _answer_match("gsm8k_accuracy", completions, solution, golds, parse_gsm8k_answer, log_metric, log_extra)
 
 
 _GSM8K_FORMATS = {"hash": has_gsm8k_hash_line, "think": is_think_format}
@@ -164,6 +190,7 @@ def gsm8k_format(completions: list, style: str = "hash", **kwargs) -> list[float
 # --- math (GeoQA and other free-form answers) --------------------------------------------------------------------
 
 
+@_reads_gold(str)
 def math_accuracy(completions: list, solution: list, **kwargs) -> list[float | None]:
     """suzak's strict math reward: math-verify equivalence, or an exact string match, of the last ``<answer>``
     contents (``math_equal``). R1-V's reward runs the same two tests on the whole completion (``r1v_accuracy``).
@@ -171,13 +198,14 @@ def math_accuracy(completions: list, solution: list, **kwargs) -> list[float | N
     >>> math_accuracy(["<answer>140°</answer>", "<answer>40°</answer>"], solution=["<answer> 140° </answer>"] * 2)
     [1.0, 0.0]
     """
-    golds = _golds(solution, str, "math_accuracy")
+    golds = _golds(solution, math_accuracy.gold_parser, "math_accuracy")
     return [float(math_equal(completion_text(c), g)) for c, g in zip(completions, golds, strict=True)]
 
 
 # --- R1-V's training reward, exactly -----------------------------------------------------------------------------
 
 
+@_reads_gold(str)
 def r1v_accuracy(completions: list, solution: list, **kwargs) -> list[float | None]:
     """R1-V's training ``accuracy_reward``, exactly, for reproducing R1-V's run (counting and GeoQA alike).
 
@@ -193,7 +221,7 @@ def r1v_accuracy(completions: list, solution: list, **kwargs) -> list[float | No
     ...              solution=["<answer> 3 </answer>"] * 2)
     [1.0, 1.0]
     """
-    _golds(solution, str, "r1v_accuracy")  # a missing or empty gold raises naming its row
+    _golds(solution, r1v_accuracy.gold_parser, "r1v_accuracy")  # a missing or empty gold raises naming its row
     return [float(_r1v_accuracy(completion_text(c), str(s))) for c, s in zip(completions, solution, strict=True)]
 
 

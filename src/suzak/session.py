@@ -57,15 +57,15 @@ def resolve_resume(train_args) -> str | bool | None:
 SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic")  # row i depends on (seed, start + i) alone
 
 
-def build_datasets(suzak_args, seed: int):
-    """(train dataset, held-out rows or None). Held-out rows are never trained on."""
+def build_datasets(suzak_args, train_args):
+    """(train dataset, held-out rows or None), every row validated before step 1. Held-out rows are never trained on."""
     import inspect
 
     from suzak.data import DATASETS, build_dataset
 
     options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
-    dataset = build_dataset(suzak_args.dataset_name, **options)
+    dataset = validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args)
     heldout = None
     if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
         builder = DATASETS[suzak_args.dataset_name]
@@ -79,8 +79,46 @@ def build_datasets(suzak_args, seed: int):
         heldout = list(dataset.select(range(len(dataset) - count, len(dataset))))
         dataset = dataset.select(range(len(dataset) - count))
     if suzak_args.max_train_rows is not None:
-        dataset = dataset.shuffle(seed=seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
+        dataset = dataset.shuffle(seed=train_args.seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
     return dataset, heldout
+
+
+def validated(dataset, suzak_args, train_args):
+    """``dataset`` once every row passes :func:`suzak.checks.validate_rows`; else one line naming the first bad row,
+    or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``)."""
+    import json
+    import time
+
+    from suzak.checks import validate_rows
+    from suzak.rewards import gold_parser, resolve_rewards
+    from suzak.vision import PixelBudget
+
+    rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+    parsers = {getattr(r, "__name__", type(r).__name__): p for r in rewards if (p := gold_parser(r)) is not None}
+    start = time.monotonic()
+    with train_args.main_process_first(desc="dataset validation"):  # the other ranks then read datasets' cache
+        problems = validate_rows(dataset, PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels), parsers)
+    logger.info("validated %d rows (images decoded and fitted, gold answers read by %s) in %.1f s", len(dataset),
+                ", ".join(parsers) or "no reward", time.monotonic() - start)  # fmt: skip
+    if not problems:
+        return dataset
+    source, first = suzak_args.dataset_name, problems[0]
+    bad = f"{len(problems)} of {len(dataset)} rows bad"
+    if not suzak_args.skip_bad_rows:
+        raise SuzakError(f"{first.where(source)}, column {first.column}: {first.reason} ({bad}; --skip_bad_rows "
+                         "true drops them and lists each in OUTPUT_DIR/skipped_rows.jsonl)")  # fmt: skip
+    if len(problems) > suzak_args.max_bad_fraction * len(dataset):
+        raise SuzakError(f"{bad}, more than max_bad_fraction {suzak_args.max_bad_fraction:g} of them: fix the data "
+                         f"(first: {first.where(source)}, column {first.column}: {first.reason})")  # fmt: skip
+    listing = Path(train_args.output_dir) / "skipped_rows.jsonl"
+    if train_args.process_index == 0:
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        listing.write_text("".join(json.dumps({"source": source, **vars(p)}) + "\n" for p in problems),
+                           encoding="utf-8")  # fmt: skip
+    logger.warning("skip_bad_rows: %s dropped (first: %s, column %s: %s); all listed in %s", bad,
+                   first.where(source), first.column, first.reason, listing)  # fmt: skip
+    dropped = {p.index for p in problems}
+    return dataset.select([i for i in range(len(dataset)) if i not in dropped])
 
 
 def build_eval_callback(suzak_args, args, heldout, processing_class, budget):

@@ -78,7 +78,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
 
     budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels)
     template = get_template(suzak_args.prompt_template)
-    dataset, heldout = build_datasets(suzak_args, sft_args.seed)
+    dataset, heldout = build_datasets(suzak_args, sft_args)
     dataset = to_sft_dataset(dataset, template.answer_format)
     if "image" in dataset.column_names or "images" in dataset.column_names:
         dataset = dataset.map(lambda row: fit_row_images(row, budget), desc="fit images")

@@ -30,7 +30,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     reward_funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
     heldout = None
     if train_dataset is None:
-        train_dataset, heldout = build_datasets(suzak_args, grpo_args.seed)
+        train_dataset, heldout = build_datasets(suzak_args, grpo_args)
     model, processing_class = load_model_and_processor(model_args, grpo_args)
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)

@@ -17,6 +17,7 @@ resize again.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
     "FACTOR",
+    "MAX_ASPECT_RATIO",
     "VISION_PLACEHOLDERS",
     "PixelBudget",
     "collapse_runs",
@@ -39,6 +41,7 @@ __all__ = [
     "map_row_images",
     "pad_left",
     "processor_bounds",
+    "ratio_padded_size",
     "prompt_tokens",
     "smart_resize",
     "to_rgb",
@@ -51,6 +54,7 @@ logger = logging.getLogger(__name__)
 FACTOR = 28  # patch 14 × spatial merge 2: one visual token per 28×28 pixels (Qwen2-VL and Qwen2.5-VL)
 DEFAULT_MIN_PIXELS = 3136  # 4 tokens
 DEFAULT_MAX_PIXELS = 401408  # 512 tokens, R1-V's CLEVR setting
+MAX_ASPECT_RATIO = 200  # qwen-vl-utils' and transformers' smart_resize refuse longer sides beyond 200x the shorter
 
 # Qwen2-VL / Qwen2.5-VL tokens that stand for pixels in a prompt: a policy must never generate them (a sampled
 # <|image_pad|> has no image feature, and the training forward fails on the mismatch).
@@ -100,9 +104,39 @@ def smart_resize(
 ) -> tuple[int, int]:
     """(h, w) the image is resized to: multiples of ``factor``, area within [min_pixels, max_pixels], aspect kept.
 
-    This is ``qwen_vl_utils.smart_resize`` (the reference implementation), with suzak's argument order.
+    This is ``qwen_vl_utils.smart_resize`` (the reference implementation), with suzak's argument order, applied to
+    the size :func:`fit_image` pads an image beyond Qwen's 200:1 aspect ratio to (Qwen's own refuses it).
+
+    >>> smart_resize(1, 500)  # a 500x1 line of pixels: padded to 500x3 first
+    (28, 504)
     """
+    height, width = ratio_padded_size(height, width, min_pixels, max_pixels, factor)
     return _qwen_smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def ratio_padded_size(
+    height: int,
+    width: int,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    factor: int = FACTOR,
+) -> tuple[int, int]:
+    """(h, w) with the short side grown until the image, once resized for the budget, is at most
+    ``MAX_ASPECT_RATIO`` times longer than wide: the processors refuse more, before and after resizing.
+
+    >>> ratio_padded_size(1, 500), ratio_padded_size(700, 2), ratio_padded_size(240, 320)
+    ((3, 500), (700, 4), (240, 320))
+    >>> ratio_padded_size(20, 7000)  # 35 would round back down to 28 px against 7000: 250:1
+    (42, 7000)
+    """
+    long_side, short = max(height, width), min(height, width)
+    short = max(short, math.ceil(long_side / MAX_ASPECT_RATIO))
+    while True:
+        h, w = (short, long_side) if height <= width else (long_side, short)
+        out_h, out_w = _qwen_smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        if max(out_h, out_w) <= MAX_ASPECT_RATIO * min(out_h, out_w):
+            return h, w
+        short += 1  # past the next rounding boundary within factor/2 steps
 
 
 def visual_tokens(
@@ -142,11 +176,17 @@ def fit_image(
     """The image as RGB at the budget's size, so no processor downstream resizes it again.
 
     Uses bicubic resampling, as ``qwen_vl_utils.fetch_image`` does. An image already at the target size is only
-    converted, never resampled, so fitting twice is a no-op.
+    converted, never resampled, so fitting twice is a no-op. An image more elongated than Qwen's 200:1 limit (which
+    Qwen's processors refuse) is first padded with white, centred, on its short side up to that ratio.
     """
     if not isinstance(image, Image.Image):
         raise TypeError(f"fit_image needs a PIL image, got {type(image).__name__}")
     rgb = to_rgb(image)
+    height, width = ratio_padded_size(rgb.height, rgb.width)
+    if (height, width) != (rgb.height, rgb.width):
+        canvas = Image.new("RGB", (width, height), (255, 255, 255))
+        canvas.paste(rgb, ((width - rgb.width) // 2, (height - rgb.height) // 2))
+        rgb = canvas
     h, w = smart_resize(rgb.height, rgb.width, min_pixels, max_pixels)
     if h < FACTOR or w < FACTOR:
         raise ValueError(f"image of {rgb.width}x{rgb.height} is too elongated to fit {max_pixels} pixels")

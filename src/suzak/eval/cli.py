@@ -63,7 +63,8 @@ def _print_report(report) -> None:
         mean, std = mean_std([r.accuracy for r in report.sampled])
         print(f"Sampled accuracy over {len(report.sampled)} seed(s): {mean:.2f} ± {std:.2f}%")
     if report.skipped_missing:
-        print(f"Skipped {report.skipped_missing} item(s) with missing images")
+        print(f"Skipped {report.skipped_missing} item(s) with missing images, unreadable images or unreadable gold "
+              "answers")  # fmt: skip
     print(format_accuracy(report.greedy.accuracy))
     greedy = report.greedy
     if greedy.other_scoring is not None:

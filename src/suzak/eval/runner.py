@@ -33,6 +33,7 @@ from suzak.eval.tasks import (
     EvalItem,
     Task,
     get_task,
+    item_problem,
     load_items,
     missing_images,
     resolve_template,
@@ -91,7 +92,8 @@ class EvalConfig:
     prompt_template: str = field(default="eval", metadata={
         "help": "eval (R1-V's eval prompt), train (the training prompt) or a suzak.prompts template name"})  # fmt: skip
     skip_missing: bool = field(default=False, metadata={
-        "help": "skip items whose image is missing (counted in the summary)"})  # fmt: skip
+        "help": "skip items whose image is missing or unreadable, or whose gold answer cannot be read (counted in "
+                "the summary)"})  # fmt: skip
     fresh: bool = field(default=False, metadata={
         "help": "discard partial results of an earlier run instead of resuming"})  # fmt: skip
     num_rows: int = field(default=200, metadata={"help": "clevr_synthetic: scenes to draw"})
@@ -220,25 +222,33 @@ class PartialStore:
 
 
 def prepare_items(config: EvalConfig, task: Task) -> tuple[list[EvalItem], int]:
-    """The items to evaluate (``limit`` applied) and how many were skipped for missing images."""
+    """The items to evaluate (``limit`` applied) and how many were skipped: an item whose image is missing or does
+    not decode, or whose gold answer a scoring rule cannot read, is one line naming its file and line, or skipped
+    with ``skip_missing``, before any model loads."""
     template = resolve_template(task, config.prompt_template)
     items = load_items(task, config.prompt_path, template=template, image_root=config.image_root,
                        num_rows=config.num_rows, data_seed=config.data_seed)  # fmt: skip
     if config.limit is not None:
         items = items[: config.limit]
     missing = missing_images(items)
-    if not missing:
-        return items, 0
-    if not config.skip_missing:
+    if missing and not config.skip_missing:
         raise SuzakError(
             f"{len(missing)} image(s) missing, first {missing[0]} (image_root={config.image_root or '.'}); fetch "
             "the images (docs/evaluate.md) or pass --skip_missing to evaluate the others"
         )
     lost = set(missing)
-    kept = [item for item in items if not lost & set(item.image_paths)]
-    logger.warning("skipping %d of %d items whose images are missing (first: %s)",
-                   len(items) - len(kept), len(items), missing[0])  # fmt: skip
-    return kept, len(items) - len(kept)
+    problems = {item.key: "image missing" if lost & set(item.image_paths) else item_problem(item, task)
+                for item in items}  # fmt: skip
+    bad = [item for item in items if problems[item.key]]
+    if not bad:
+        return items, 0
+    first = bad[0]
+    if not config.skip_missing:
+        raise SuzakError(f"{first.where()}: {problems[first.key]} ({len(bad)} of {len(items)} items bad; "
+                         "--skip_missing evaluates the others and counts the skipped)")  # fmt: skip
+    kept = [item for item in items if not problems[item.key]]
+    logger.warning("skipping %d of %d items (first: %s: %s)", len(bad), len(items), first.where(), problems[first.key])
+    return kept, len(bad)
 
 
 def _load_image(source) -> Image.Image:

@@ -51,6 +51,7 @@ __all__ = [
     "Scorer",
     "Task",
     "get_task",
+    "item_problem",
     "load_items",
     "missing_images",
     "resolve_template",
@@ -155,6 +156,10 @@ class EvalItem:
     prompt: list[dict]
     gold: Any
     images: tuple = ()
+    source: str | None = None  # "file:line" of the input line, when the items come from a file
+
+    def where(self) -> str:
+        return self.source or f"item {self.index}"
 
     @property
     def image_paths(self) -> list[str]:
@@ -166,14 +171,37 @@ def _item_key(index: int, question: str, images: list) -> str:
     return f"{index}:{hashlib.sha1(payload.encode()).hexdigest()[:12]}"
 
 
-def _item(index: int, record: dict, question: str, gold, template: str, images: list) -> EvalItem:
+def _item(index: int, record: dict, question: str, gold, template: str, images: list,
+          source: str | None = None) -> EvalItem:  # fmt: skip
     prompt = build_conversation(get_template(template).render(str(question).strip()), num_images=len(images))
-    return EvalItem(index, _item_key(index, str(question), images), record, prompt, gold, tuple(images))
+    return EvalItem(index, _item_key(index, str(question), images), record, prompt, gold, tuple(images), source)
 
 
 def missing_images(items: list[EvalItem]) -> list[str]:
     """Image paths of ``items`` that are not files, in item order."""
     return [p for item in items for p in item.image_paths if not Path(p).is_file()]
+
+
+def item_problem(item: EvalItem, task: Task) -> str:
+    """Why ``item`` cannot be evaluated ('' when it can): an image file that does not decode to the last byte, or a
+    gold answer one of the task's scoring rules cannot read. Checked at load, before any model loads."""
+    from PIL import Image
+
+    for path in item.image_paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+        except Image.UnidentifiedImageError:
+            return f"{path}: not an image PIL can read"
+        except (OSError, ValueError, SyntaxError) as error:
+            return (
+                f"{path}: unreadable image ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+            )
+    try:
+        score_rules(task, "", item.gold)
+    except (ValueError, TypeError) as error:
+        return f"cannot read the gold answer {item.gold!r:.80} ({error})"
+    return ""
 
 
 # --- tasks ---------------------------------------------------------------------------------------------------------
@@ -227,7 +255,8 @@ def _r1v_items(prompt_path: str, *, image_root: str | None, template: str, **_un
         if missing:
             raise SuzakError(f"{prompt_path}:{number}: R1-V eval lines need {sorted(missing)}; got keys {sorted(row)}")
         image = str(root / row["image_path"])
-        items.append(_item(len(items), row, row["question"], row["ground_truth"], template, [image]))
+        source = f"{prompt_path}:{number}"
+        items.append(_item(len(items), row, row["question"], row["ground_truth"], template, [image], source))
     return items
 
 
