@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -170,12 +171,41 @@ def test_missing_model_is_one_clear_line(tmp_path):
         load_model_and_processor(ModelConfig(model_name_or_path="Qwen/Qwen2.5-VL-7B-Instruct"), None)
 
 
+EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 10 bytes: header length, no tensors
+
+
+EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 10 bytes: header length, no tensors
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda root: root / "models" / "absent", "no such folder (check model_name_or_path, or MODEL in .env)"),
+        (lambda root: root, "the folder is empty (an unfinished download or copy?)"),
+        (lambda root: (root / "README.md").write_text("x") and root, "the folder has no config.json (it holds README.md)"),
+        (lambda root: (root / "config.json").write_text("{}") and root, "the folder has config.json but no weights"),
+        (lambda root: (root / "model.bin").write_text("x") and root / "model.bin", "it is a file, not a model folder"),
+    ],
+    ids=["missing", "empty", "no-config", "no-weights", "a-file"],
+)  # fmt: skip
+def test_a_local_model_folder_is_named_not_sent_to_the_hub(tmp_path, make, problem):
+    from trl import ModelConfig
+
+    from suzak.models.loading import load_model_and_processor
+
+    path = str(make(tmp_path))
+    with pytest.raises(SuzakError) as error:
+        load_model_and_processor(ModelConfig(model_name_or_path=path), None)
+    assert str(error.value).startswith(f"cannot load model {path!r}: {problem}")
+    assert "hf download" not in str(error.value) and "Hub" not in str(error.value)
+
+
 def _checkpoint(root: Path, step: int, state: str = "{}", weights: bool = True) -> Path:
     folder = root / f"checkpoint-{step}"
     folder.mkdir()
     (folder / "trainer_state.json").write_text(state)
     if weights:
-        (folder / "model.safetensors").write_bytes(b"x" * 10)
+        (folder / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     return folder
 
 

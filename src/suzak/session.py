@@ -19,7 +19,7 @@ from pathlib import Path
 
 from suzak import SuzakError
 from suzak.configs import full_argv
-from suzak.runs.checkpoints import checkpoint_step, latest_checkpoint
+from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint
 
 __all__ = ["add_first", "build_datasets", "build_eval_callback", "main", "resolve_resume", "run", "setup_reporting"]
 
@@ -39,19 +39,10 @@ def setup_reporting(train_args, recipe: str | None = None) -> None:
     os.environ.setdefault("WANDB_PROJECT", "suzak")
 
 
-def resolve_resume(train_args) -> str | bool | None:
-    """``resume_from_checkpoint`` with ``latest``/``last`` replaced by the newest complete checkpoint (or None)."""
-    value = train_args.resume_from_checkpoint
-    if value not in ("latest", "last"):
-        return value
-    found = latest_checkpoint(train_args.output_dir)
-    if found is None:
-        logger.warning(
-            "resume_from_checkpoint=latest: no complete checkpoint in %s, starting fresh", train_args.output_dir
-        )
-    else:
-        logger.info("resuming from %s", found)
-    return found
+def resolve_resume(train_args) -> str | None:
+    """The checked checkpoint ``resume_from_checkpoint`` names (``latest``/``last``: the newest complete one in
+    output_dir), or None to start fresh (:func:`suzak.runs.checkpoints.resume_checkpoint`)."""
+    return resume_checkpoint(train_args.resume_from_checkpoint, train_args.output_dir)
 
 
 SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic")  # row i depends on (seed, start + i) alone
@@ -152,8 +143,8 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     release = release_request(train_args, dry_run=suzak_args.release_dry_run)  # repo id and token checked up front
     train_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
     setup_reporting(train_args, recipe=config_path(argv))
+    resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
     trainer = build(suzak_args, train_args, model_args)
-    resume = resolve_resume(train_args)
     _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(train_args.output_dir)
