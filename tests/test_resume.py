@@ -1,7 +1,8 @@
 """Faults of the machine. Kill a run with SIGKILL between saves, resume with ``--resume_from_checkpoint latest``: it
 reaches the same final step, completed checkpoints stay intact, half-written ones are never picked (nor deleted), and
 the CSV streams hold one row history. A checkpoint counts as complete by its contents, not its sizes (garbage of the
-right size is caught), for ``latest`` and explicit paths alike."""
+right size is caught), for ``latest`` and explicit paths alike; a full disk mid-save leaves the previous checkpoint
+intact and says so in one line."""
 
 from __future__ import annotations
 
@@ -213,3 +214,60 @@ def test_damaged_resume_is_one_line_from_the_command_line(tmp_path, run_env):
         assert run.returncode == 1 and "Traceback" not in stderr and "loaded " not in stderr, stderr[-3000:]
         assert len(lines) == 1 and "model.safetensors is corrupt" in lines[0], stderr[-3000:]
         assert ("cannot be resumed" if out == explicit else "none of the 1 checkpoint folder(s)") in lines[0]
+
+
+# --- a full disk mid-save, a corrupt newest checkpoint: end to end on the tiny model --------------------------------
+
+
+@pytest.mark.slow
+def test_disk_full_mid_save_and_a_corrupt_newest_checkpoint_then_resume(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """The disk fills while checkpoint-2's optimizer state is written (the Trainer's own torch.save raising ENOSPC,
+    after a partial file): one line naming checkpoint-2 and the intact checkpoint-1, which is untouched. Resuming
+    ``latest`` skips the half-written folder and finishes; later checkpoint-2's weights turn to garbage of the same
+    size, and the next resume skips it by name and continues from checkpoint-1."""
+    import errno
+
+    import torch
+
+    from suzak.runs.checkpoints import latest_checkpoint
+    from suzak.train import main
+
+    caplog.set_level("INFO")
+    monkeypatch.setenv("SUZAK_ENV_FILE", str(tmp_path / "absent.env"))
+    out = tmp_path / "run"
+    argv = ["--config", SMOKE, "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(out),
+            "--save_steps", "1", "--max_steps", "2"]  # fmt: skip
+    failing, real_save, kept = out / "checkpoint-2" / "optimizer.pt", torch.save, {}
+
+    def save_on_a_full_disk(obj, f, *args, **kwargs):
+        if Path(f) == failing:
+            kept.update(digests(out / "checkpoint-1"))
+            failing.write_bytes(b"PK\x03\x04" + bytes(1000))  # what was written before the disk filled
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    line = str(stopped.value.code)
+    assert "\n" not in line and line.startswith(
+        f"error: disk full while saving {out / 'checkpoint-2'} (No space left on device; "
+    ), line
+    assert line.endswith(f"GB free): {out / 'checkpoint-1'} is the newest complete checkpoint and is intact; free "
+                         "space (or lower save_total_limit), then rerun with --resume_from_checkpoint latest")  # fmt: skip
+    assert kept and digests(out / "checkpoint-1") == kept and checkpoint_problem(out / "checkpoint-1") is None
+    assert checkpoint_problem(out / "checkpoint-2") == "no trainer_state.json"
+
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    main(argv + ["--resume_from_checkpoint", "latest"])
+    assert f"skipping incomplete checkpoint {out / 'checkpoint-2'}: no trainer_state.json" in caplog.text
+    assert f"resuming from {out / 'checkpoint-1'}" in caplog.text
+    assert latest_checkpoint(out) == str(out / "checkpoint-2") and digests(out / "checkpoint-1") == kept
+
+    garble(out / "checkpoint-2" / "model.safetensors")  # marked complete, sizes unchanged
+    caplog.clear()
+    main([*argv[:-1], "3", "--resume_from_checkpoint", "latest"])
+    assert f"skipping incomplete checkpoint {out / 'checkpoint-2'}: model.safetensors is corrupt" in caplog.text
+    assert f"resuming from {out / 'checkpoint-1'}" in caplog.text
+    assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    assert all(checkpoint_problem(out / f"checkpoint-{step}") is None for step in (1, 2, 3))

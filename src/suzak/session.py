@@ -19,7 +19,7 @@ from pathlib import Path
 
 from suzak import SuzakError
 from suzak.configs import full_argv
-from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint
+from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint, write_failure
 
 __all__ = ["add_first", "build_datasets", "build_eval_callback", "main", "resolve_resume", "run", "setup_reporting"]
 
@@ -97,17 +97,32 @@ def add_first(trainer, callback) -> None:
         trainer.callback_handler.callbacks.insert(0, callback)
 
 
-def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None) -> None:
-    """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank)."""
+def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None):
+    """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank); returns
+    the marker callback (it knows which checkpoint is being saved)."""
     from suzak.runs.record import save_recipe, start_run
     from suzak.runs.streams import add_run_callbacks
 
-    add_run_callbacks(trainer)
+    markers = add_run_callbacks(trainer)
     if trainer.accelerator.is_main_process:
         output_dir = trainer.args.output_dir
         save_recipe(output_dir, full_argv(argv), parsed)
         start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
         start_run(output_dir, argv, parsed, resume, start_step)
+    return markers
+
+
+def _train_and_save(trainer, resume: str | None, markers) -> None:
+    """Train, then save the final model; a failed write (a full disk) is one line naming what was being saved and the
+    intact checkpoint to resume from."""
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model(trainer.args.output_dir)
+    except Exception as error:
+        message = write_failure(error, markers.saving, trainer.args.output_dir)
+        if message is None:
+            raise
+        raise SuzakError(message) from None
 
 
 def _finish(trainer, release) -> None:
@@ -145,9 +160,8 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     setup_reporting(train_args, recipe=config_path(argv))
     resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
     trainer = build(suzak_args, train_args, model_args)
-    _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(train_args.output_dir)
+    markers = _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
+    _train_and_save(trainer, resume, markers)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(train_args.output_dir)
         logger.info("model and processor saved to %s", train_args.output_dir)

@@ -19,13 +19,19 @@ folder), the marker is removed and the sentinel written first, so the old state 
 half-written weights. Incomplete folders are skipped with a warning and left in place: the run overwrites them when
 it reaches their step again. :func:`resume_checkpoint` turns ``--resume_from_checkpoint`` into a checkpoint that
 passes these checks, or one line saying why there is none.
+
+A disk that fills up mid-save leaves the new folder half-written (no state file, so never picked) and the earlier
+checkpoints as they were: the Trainer deletes old checkpoints (``save_total_limit``) only after a save completes.
+:func:`write_failure` says so in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -41,6 +47,7 @@ __all__ = [
     "latest_checkpoint",
     "mark_complete",
     "resume_checkpoint",
+    "write_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -213,3 +220,72 @@ def resume_checkpoint(value: str | None, output_dir: str | Path) -> str | None:
     else:
         logger.info("resuming from %s", found)
     return found
+
+
+# How a full disk shows: an errno on OSError; safetensors' Rust writer and others keep only the text.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "QuotaExceeded")
+# torch.save's zip writer reports a failed write (a full disk above all) as a RuntimeError with no errno, worded
+# differently across versions ("file write failed", "unexpected pos …", "iostream error").
+_TORCH_WRITER_TEXT = ("inline_container.cc", "PytorchStreamWriter", "file write failed")
+_NEARLY_FULL = 100 * 2**20  # bytes free below which a failed write is taken for a full disk
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    while error is not None and error not in found:
+        found.append(error)
+        error = error.__cause__ or error.__context__
+    return found
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _free_bytes(path: str | Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _failed_write(error: BaseException, saving: bool, free: int | None) -> tuple[bool, str] | None:
+    """(disk full?, reason) when ``error`` is a failed write; None for anything else (a bug keeps its traceback)."""
+    for cause in _chain(error):
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL_ERRNOS:
+            return True, os.strerror(cause.errno)
+        if any(text in str(cause) for text in _DISK_FULL_TEXT):
+            return True, _first_line(cause)
+    if not saving:
+        return None
+    for cause in _chain(error):  # while a checkpoint is written, an I/O error is the machine's, not a bug
+        if isinstance(cause, OSError) or any(text in str(cause) for text in _TORCH_WRITER_TEXT):
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else _first_line(cause)
+            return free is not None and free < _NEARLY_FULL, reason
+    return None
+
+
+def write_failure(error: BaseException, saving: str | Path | None, output_dir: str | Path) -> str | None:
+    """One line for a run stopped by a failed write (a full disk above all), or None when ``error`` is not one.
+
+    ``saving`` is the checkpoint folder being written when it failed (None: between saves). The line names it, the
+    free space, and the newest complete checkpoint, checked again here, which the failed save left as it was.
+    """
+    free = _free_bytes(output_dir)
+    failed = _failed_write(error, saving is not None, free)
+    if failed is None:
+        return None
+    disk_full, reason = failed
+    what = f"saving {saving}" if saving is not None else f"writing to {output_dir}"
+    space = f"; {free / 1e9:.1f} GB free" if free is not None else ""
+    fix = "free space (or lower save_total_limit)" if disk_full else "fix the cause"
+    intact = latest_checkpoint(output_dir, warn=False)
+    if intact:
+        after = f"{intact} is the newest complete checkpoint and is intact; {fix}, then rerun with " \
+                "--resume_from_checkpoint latest"  # fmt: skip
+    else:
+        after = f"no checkpoint was complete yet; {fix}" + (f", delete the half-written {saving}" if saving else "") + \
+                " and run again"  # fmt: skip
+    return f"{'disk full' if disk_full else 'a write failed'} while {what} ({reason}{space}): {after}"
