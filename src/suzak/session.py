@@ -2,7 +2,8 @@
 
 Parse the recipe, build the datasets (held-out rows for the generation eval never trained on) and the trainer,
 resume from the newest complete checkpoint when asked, start the run's records, train, save, then close the record,
-draw the plots and publish when ``push_to_hub`` is set. Besides checkpoints, every run writes to its output dir:
+draw the plots and publish when ``push_to_hub`` is set. The Hub token is taken for the release before the Trainer
+exists and cleared from the arguments it pickles into ``training_args.bin``. Besides checkpoints, every run writes to its output dir:
 ``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``metrics.csv``
 and ``completions.csv`` (streamed, :mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
 (:mod:`suzak.runs.plots`). ``push_to_hub: true`` publishes the final model once, at the end, with suzak's model card
@@ -149,6 +150,7 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     """
     from dotenv import load_dotenv
 
+    from suzak.redaction import clear_secret_fields
     from suzak.release.publish import release_request
     from suzak.runs.record import config_path
 
@@ -156,6 +158,7 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
     suzak_args, train_args, model_args = parse(argv)
     release = release_request(train_args, dry_run=suzak_args.release_dry_run)  # repo id and token checked up front
+    clear_secret_fields(suzak_args, train_args, model_args)  # the release keeps its token; training_args.bin never
     train_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
     setup_reporting(train_args, recipe=config_path(argv))
     resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
