@@ -174,9 +174,6 @@ def test_missing_model_is_one_clear_line(tmp_path):
 EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 10 bytes: header length, no tensors
 
 
-EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 10 bytes: header length, no tensors
-
-
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
