@@ -14,7 +14,7 @@ import pytest
 from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
 from suzak.configs import parse_args
-from suzak.runs.checkpoints import latest_checkpoint
+from suzak.runs.checkpoints import checkpoint_problem, latest_checkpoint
 from suzak.session import setup_reporting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,6 +275,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
           SMOKE, "--max_steps", "2", "--deepspeed", "ds_configs/zero2.json", "--output_dir", str(out)], run_env)  # fmt: skip
     assert last_trainer_state(out)["global_step"] == 2
     assert any((out / "checkpoint-2").glob("global_step*"))
+    assert checkpoint_problem(out / "checkpoint-2") is None  # ZeRO shards are whole torch archives
 
 
 def test_tiny_cache_is_keyed_by_the_builder_and_built_whole(tmp_path, monkeypatch):
