@@ -99,13 +99,14 @@ def test_input_mistakes_are_one_line_from_the_command_line(tmp_path, run_env, re
         (MINIMAL + "max_steps: 3\n", [], r"recipe \S+ line 3: key 'max_steps' is set twice \(first on line 2\)"),
         ("", [], r"recipe \S+ is empty"),
         ("- max_steps\n", [], r"recipe \S+ must be a mapping of `field: value` lines, not a list"),
-        (MINIMAL + "max_pixels: 50176\n", ["--max_step", "3"], r"unknown flag --max_step \(did you mean --max_steps\?\)"),
+        (MINIMAL, ["--max_step", "3"], r"unknown flag --max_step \(did you mean --max_steps\?\)"),
         (MINIMAL, ["--max_steps", "three"], r"argument --max_steps/--max-steps: invalid int value: 'three'"),
         (MINIMAL, ["--max_steps", "3", "4"], r"unexpected value '4' on the command line"),
         (MINIMAL, ["--config", "other.yaml"], r"--config is given twice"),
         (MINIMAL, ["--num_generations", "4", "--generation_batch_size", "6"],
          r"num_generations 4 does not divide the generation batch of 6 completions \(set by generation_batch_size\): "
-         r"make the batch a multiple of 4 \(e.g. generation_batch_size 8\), or num_generations a divisor of 6 \(e.g. 3\)"),
+         r"make the batch a multiple of 4 \(e.g. generation_batch_size 8\), "
+         r"or num_generations a divisor of 6 \(e.g. 3\)"),
         (MINIMAL, ["--num_generations", "1"], r"invalid settings: GRPO requires at least 2 generations per prompt"),
         (MINIMAL, ["--load_best_model_at_end", "true", "--eval_strategy", "epoch"],
          r"invalid settings: --load_best_model_at_end requires the save and eval strategy to match"),
@@ -170,7 +171,8 @@ EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 
     [
         (lambda root: root / "models" / "absent", "no such folder (check model_name_or_path, or MODEL in .env)"),
         (lambda root: root, "the folder is empty (an unfinished download or copy?)"),
-        (lambda root: (root / "README.md").write_text("x") and root, "the folder has no config.json (it holds README.md)"),
+        (lambda root: (root / "README.md").write_text("x") and root,
+         "the folder has no config.json (it holds README.md)"),
         (lambda root: (root / "config.json").write_text("{}") and root, "the folder has config.json but no weights"),
         (lambda root: (root / "model.bin").write_text("x") and root / "model.bin", "it is a file, not a model folder"),
     ],

@@ -2,12 +2,12 @@
 
 Parse the recipe, build the datasets (held-out rows for the generation eval never trained on) and the trainer,
 resume from the newest complete checkpoint when asked, start the run's records, train, save, then close the record,
-draw the plots and publish when ``push_to_hub`` is set. The Hub token is taken for the release before the Trainer
-exists and cleared from the arguments it pickles into ``training_args.bin``. Besides checkpoints, every run writes to its output dir:
+draw the plots and publish when ``push_to_hub`` is set. Besides checkpoints, every run writes to its output dir:
 ``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``metrics.csv``
 and ``completions.csv`` (streamed, :mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
 (:mod:`suzak.runs.plots`). ``push_to_hub: true`` publishes the final model once, at the end, with suzak's model card
-(:mod:`suzak.release.publish`); the Trainer's own per-save pushes are turned off.
+(:mod:`suzak.release.publish`); the Trainer's own per-save pushes are turned off. The Hub token is taken for that
+release before the Trainer exists and cleared from the arguments it pickles into ``training_args.bin``.
 """
 
 from __future__ import annotations
