@@ -337,3 +337,27 @@ def test_release_of_a_lora_adapter(tmp_path, tiny_model_dir):
     card = ModelCard.load(release / "README.md")
     assert card.data.library_name == "peft" and "lora" in card.data.tags
     assert 'PeftModel.from_pretrained(model, "me/lora")' in card.text
+
+
+def test_hub_token_reaches_no_file_and_the_release_still_gets_it(tmp_path, tiny_model_dir, monkeypatch):
+    """``--hub_token`` on the command line: the Trainer pickles its arguments into ``training_args.bin`` (output dir and
+    every checkpoint), so the token is taken for the release and cleared first. Every byte written is scanned; the
+    upload (faked: no network) still gets the token."""
+    import suzak.release.publish
+    from suzak.train import main
+
+    token = "hf_CLIonlyFAKEtoken42"
+    uploads = []
+    monkeypatch.setattr(suzak.release.publish, "upload_release",
+                        lambda folder, repo_id, *, private=False, token=None: uploads.append((repo_id, token)) or "url")  # fmt: skip
+    for name in ("HF_TOKEN", "HUB_MODEL_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SUZAK_ENV_FILE", str(tmp_path / "absent.env"))
+    out = tmp_path / "run"
+    main(["--config", SMOKE, "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(out), "--max_steps", "2",
+          "--save_steps", "1", "--push_to_hub", "true", "--hub_model_id", "me/qwen-clevr", "--hub_token", token])  # fmt: skip
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert {"training_args.bin", "checkpoint-1/training_args.bin", "checkpoint-2/training_args.bin",
+            "release/README.md"} <= {p.relative_to(out).as_posix() for p in written}  # fmt: skip
+    assert [p for p in written if token.encode() in p.read_bytes()] == []
+    assert uploads == [("me/qwen-clevr", token)]

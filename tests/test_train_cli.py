@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
 from suzak.configs import parse_args
-from suzak.runs.checkpoints import latest_checkpoint
+from suzak.runs.checkpoints import checkpoint_problem, latest_checkpoint
 from suzak.session import setup_reporting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +45,88 @@ def test_env_overrides_recipe_and_cli_overrides_env(monkeypatch):
     assert model.model_name_or_path == "/models/from-env" and grpo.output_dir == "/runs/from-env"
     _, _, model = parse_args(["--config", SMOKE, "--model_name_or_path", "/models/cli"])
     assert model.model_name_or_path == "/models/cli"
+
+
+# --- input mistakes: one line each, before anything loads -------------------------------------------------------
+
+MINIMAL = "model_name_or_path: tiny\nmax_steps: 2\n"
+# (case, recipe text or None for no file, flags after --config, the error line, whether suzak.sft runs it too: one
+# parser reads both commands' recipes, so SFT runs the key, flag and pixel cases, not every one)
+CLI_MISTAKES = [
+    ("recipe_key_typo", MINIMAL + "lerning_rate: 1.0e-4\n", [],
+     "recipe {recipe} line 3: unknown key 'lerning_rate' (did you mean learning_rate?)", True),
+    ("flag_typo", MINIMAL, ["--lerning_rate", "1e-4"], "unknown flag --lerning_rate (did you mean --learning_rate?)",
+     True),
+    ("missing_recipe", None, [], "recipe {recipe}: no such file", False),
+    ("malformed_yaml", MINIMAL + "  max_pixels: 50176\n", [],
+     "recipe {recipe} line 3 column 13: malformed YAML (mapping values are not allowed here)", False),
+    ("num_generations", MINIMAL + "num_generations: 3\nper_device_train_batch_size: 8\n", [],
+     "num_generations 3 does not divide the generation batch of 8 completions (per_device_train_batch_size 8 x 1 "
+     "process(es) x 1 step(s) per generation): make the batch a multiple of 3 (e.g. per_device_train_batch_size 9), "
+     "or num_generations a divisor of 8 (e.g. 4)", False),
+    ("max_pixels_below_one_token", MINIMAL, ["--max_pixels", "500", "--min_pixels", "100"],
+     "max_pixels 500 is below one visual token (28x28 = 784 pixels): set max_pixels to at least 784 (default 401408)",
+     True),
+]  # fmt: skip
+
+
+def _assert_one_error_line(result: subprocess.CompletedProcess, expected: str) -> None:
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "loaded " not in result.stderr  # no traceback, no model loaded
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [f"error: {expected}"], result.stderr
+
+
+@pytest.mark.parametrize(("recipe_text", "flags", "expected", "sft"), [c[1:] for c in CLI_MISTAKES],
+                         ids=[c[0] for c in CLI_MISTAKES])  # fmt: skip
+def test_input_mistakes_are_one_line_from_the_command_line(tmp_path, run_env, recipe_text, flags, expected, sft):
+    """python -m suzak.train and python -m suzak.sft (run side by side): exit 1, one ``error:`` line naming the key or
+    flag and the closest valid name, nothing loaded."""
+    recipe = tmp_path / "recipe.yaml"
+    if recipe_text is not None:
+        recipe.write_text(recipe_text)
+    commands = ["suzak.train"] + (["suzak.sft"] if sft else [])
+    runs = [subprocess.Popen([sys.executable, "-m", module, "--config", str(recipe), *flags], cwd=ROOT, env=run_env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for module in commands]  # fmt: skip
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=300)
+        _assert_one_error_line(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr),
+                               expected.format(recipe=recipe))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("recipe_text", "flags", "message"),
+    [
+        (MINIMAL + "max_steps: 3\n", [], r"recipe \S+ line 3: key 'max_steps' is set twice \(first on line 2\)"),
+        ("", [], r"recipe \S+ is empty"),
+        ("- max_steps\n", [], r"recipe \S+ must be a mapping of `field: value` lines, not a list"),
+        (MINIMAL, ["--max_step", "3"], r"unknown flag --max_step \(did you mean --max_steps\?\)"),
+        (MINIMAL, ["--max_steps", "three"], r"argument --max_steps/--max-steps: invalid int value: 'three'"),
+        (MINIMAL, ["--max_steps", "3", "4"], r"unexpected value '4' on the command line"),
+        (MINIMAL, ["--config", "other.yaml"], r"--config is given twice"),
+        (MINIMAL, ["--num_generations", "4", "--generation_batch_size", "6"],
+         r"num_generations 4 does not divide the generation batch of 6 completions \(set by generation_batch_size\): "
+         r"make the batch a multiple of 4 \(e.g. generation_batch_size 8\), "
+         r"or num_generations a divisor of 6 \(e.g. 3\)"),
+        (MINIMAL, ["--num_generations", "1"], r"invalid settings: GRPO requires at least 2 generations per prompt"),
+        (MINIMAL, ["--load_best_model_at_end", "true", "--eval_strategy", "epoch"],
+         r"invalid settings: --load_best_model_at_end requires the save and eval strategy to match"),
+        (MINIMAL, ["--max_pixels", "784", "--min_pixels", "0"], r"min_pixels 0 must be at least 1"),
+    ],
+)  # fmt: skip
+def test_recipe_and_flag_mistakes_are_one_line(tmp_path, recipe_text, flags, message):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe_text)
+    with pytest.raises(SuzakError, match=message):
+        parse_args(["--config", str(recipe), *flags])
+
+
+def test_config_equals_form_and_exact_flags(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(MINIMAL + "env: {SUZAK_TEST_RECIPE_ENV: set}\n")
+    argv = [f"--config={recipe}", "--max_steps=5", "--max-pixels", "784", "--min_pixels", "1"]
+    suzak_args, grpo, _ = parse_args(argv)
+    assert (grpo.max_steps, suzak_args.max_pixels, suzak_args.min_pixels) == (5, 784, 1)  # 784 pixels: one token
+    assert os.environ.pop("SUZAK_TEST_RECIPE_ENV") == "set"  # TrlParser's env mapping still applies
 
 
 @pytest.mark.parametrize("recipe", ["clevr_qwen2.5vl_7b.yaml", "clevr_qwen2.5vl_3b.yaml"])
@@ -79,12 +163,39 @@ def test_missing_model_is_one_clear_line(tmp_path):
         load_model_and_processor(ModelConfig(model_name_or_path="Qwen/Qwen2.5-VL-7B-Instruct"), None)
 
 
+EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 10 bytes: header length, no tensors
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda root: root / "models" / "absent", "no such folder (check model_name_or_path, or MODEL in .env)"),
+        (lambda root: root, "the folder is empty (an unfinished download or copy?)"),
+        (lambda root: (root / "README.md").write_text("x") and root,
+         "the folder has no config.json (it holds README.md)"),
+        (lambda root: (root / "config.json").write_text("{}") and root, "the folder has config.json but no weights"),
+        (lambda root: (root / "model.bin").write_text("x") and root / "model.bin", "it is a file, not a model folder"),
+    ],
+    ids=["missing", "empty", "no-config", "no-weights", "a-file"],
+)  # fmt: skip
+def test_a_local_model_folder_is_named_not_sent_to_the_hub(tmp_path, make, problem):
+    from trl import ModelConfig
+
+    from suzak.models.loading import load_model_and_processor
+
+    path = str(make(tmp_path))
+    with pytest.raises(SuzakError) as error:
+        load_model_and_processor(ModelConfig(model_name_or_path=path), None)
+    assert str(error.value).startswith(f"cannot load model {path!r}: {problem}")
+    assert "hf download" not in str(error.value) and "Hub" not in str(error.value)
+
+
 def _checkpoint(root: Path, step: int, state: str = "{}", weights: bool = True) -> Path:
     folder = root / f"checkpoint-{step}"
     folder.mkdir()
     (folder / "trainer_state.json").write_text(state)
     if weights:
-        (folder / "model.safetensors").write_bytes(b"x" * 10)
+        (folder / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     return folder
 
 
@@ -157,6 +268,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
           SMOKE, "--max_steps", "2", "--deepspeed", "ds_configs/zero2.json", "--output_dir", str(out)], run_env)  # fmt: skip
     assert last_trainer_state(out)["global_step"] == 2
     assert any((out / "checkpoint-2").glob("global_step*"))
+    assert checkpoint_problem(out / "checkpoint-2") is None  # ZeRO shards are whole torch archives
 
 
 def test_tiny_cache_is_keyed_by_the_builder_and_built_whole(tmp_path, monkeypatch):

@@ -67,6 +67,22 @@ def test_fit_image_sixteen_bit_uses_full_range():
     assert fitted.min() == 0 and fitted.max() == 255
 
 
+@pytest.mark.parametrize(
+    ("array", "level"),
+    [
+        (np.full((56, 56), 65535, dtype=np.uint16), 255),  # white stays white (was stretched to black)
+        (np.full((56, 56), 32768, dtype=np.uint16), 128),
+        (np.full((56, 56), 0, dtype=np.uint16), 0),
+        (np.full((56, 56), 65535, dtype=np.int32), 255),  # mode I, as PIL opens many 16-bit PNGs
+        (np.full((56, 56), 1.0, dtype=np.float32), 255),  # mode F in [0, 1]
+    ],
+)
+def test_fit_image_uniform_wide_image_keeps_its_level(array, level):
+    image = Image.fromarray(array)
+    assert image.mode in ("I;16", "I", "F")
+    assert np.unique(np.asarray(fit_image(image))).tolist() == [level]
+
+
 @pytest.mark.parametrize("size,expected", [((10, 10), (56, 56)), ((10000, 10000), (616, 616))])
 def test_fit_image_extreme_sizes(size, expected):
     fitted = fit_image(Image.new("RGB", size, (1, 2, 3)), 3136, 401408)

@@ -3,21 +3,29 @@
 A recipe sets suzak's :class:`SuzakArguments` next to every field of TRL's ``GRPOConfig`` (or ``SFTConfig``) and
 ``ModelConfig`` as TRL defines them, parsed by TRL's ``TrlParser``. Priority, lowest first: the recipe, CPU
 defaults (no bf16 without a GPU), ``MODEL``/``DATASET``/``OUTPUT_DIR`` from the environment (``.env``), CLI flags.
+
+Every mistake in a recipe or a flag is one :class:`~suzak.SuzakError` line before anything loads: a missing or
+malformed recipe (file, line, column), an unknown or doubled key (its line, and the closest field name), an unknown
+flag (and the closest one; flags are never abbreviated), a value argparse cannot convert, a batch that
+``num_generations`` does not divide (the numbers and what to change), a pixel budget below one visual token, and
+any other setting TRL's or transformers' configs refuse.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from suzak import SuzakError
 from suzak.prompts import DEFAULT_TEMPLATE
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, FACTOR
 
-__all__ = ["SuzakArguments", "full_argv", "parse_args", "parse_sft_args"]
+__all__ = ["SuzakArguments", "closest", "full_argv", "parse_args", "parse_sft_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +101,12 @@ class SuzakArguments:
                     setattr(self, name, json.loads(value))
                 except json.JSONDecodeError as error:
                     raise SuzakError(f"--{name} must be a JSON object: {error.msg}") from None
+        one_token = FACTOR * FACTOR
+        if self.max_pixels < one_token:  # checked first: a small min_pixels must not hide it
+            raise SuzakError(f"max_pixels {self.max_pixels} is below one visual token ({FACTOR}x{FACTOR} = {one_token} "
+                             f"pixels): set max_pixels to at least {one_token} (default {DEFAULT_MAX_PIXELS})")  # fmt: skip
+        if self.min_pixels < 1:
+            raise SuzakError(f"min_pixels {self.min_pixels} must be at least 1 (default {DEFAULT_MIN_PIXELS})")
         if self.min_pixels > self.max_pixels:
             raise SuzakError(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
 
@@ -119,31 +133,181 @@ def full_argv(argv: list[str]) -> list[str]:
     return _cpu_overrides() + _env_overrides() + argv
 
 
+# Top-level recipe keys besides the fields: TrlParser sets the ``env`` mapping as environment variables.
+RECIPE_EXTRA_KEYS = ("env",)
+
+
+def closest(name: str, names) -> str | None:
+    """The valid name a typo most likely meant (difflib), or None.
+
+    >>> closest("lerning_rate", ["learning_rate", "lr_scheduler_type"]), closest("zzz", ["learning_rate"])
+    ('learning_rate', None)
+    """
+    found = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _did_you_mean(name: str, names, prefix: str = "") -> str:
+    match = closest(name, names)
+    return f" (did you mean {prefix}{match}?)" if match else ""
+
+
+def _load_recipe(path: str) -> tuple[dict, dict[str, int]]:
+    """(the recipe's mapping, the line of each key); a missing, unreadable, malformed or doubled-key file is one line.
+
+    YAML itself lets a later key silently replace an earlier one; a recipe must not, so a doubled key is refused with
+    both lines.
+    """
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise SuzakError(f"recipe {path}: {'not a file' if file.exists() else 'no such file'}")
+    try:
+        text = file.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        recipe = yaml.safe_load(text)
+    except UnicodeDecodeError as error:
+        raise SuzakError(f"recipe {path}: not UTF-8 text (byte {error.start})") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise SuzakError(f"recipe {path}{where}: malformed YAML ({getattr(error, 'problem', None) or error})") from None
+    if recipe is None:
+        raise SuzakError(f"recipe {path} is empty: write one `field: value` per line")
+    if not isinstance(recipe, dict):
+        raise SuzakError(f"recipe {path} must be a mapping of `field: value` lines, not a {type(recipe).__name__}")
+    first_line: dict[str, int] = {}
+    for key_node, _ in node.value:
+        line = key_node.start_mark.line + 1
+        if key_node.value in first_line:
+            raise SuzakError(f"recipe {path} line {line}: key {key_node.value!r} is set twice (first on line "
+                             f"{first_line[key_node.value]})")  # fmt: skip
+        first_line[key_node.value] = line
+    return recipe, first_line
+
+
+def _check_recipe_keys(path: str, recipe: dict, lines: dict[str, int], names: set[str]) -> None:
+    """Every key of the recipe is a field (or ``env``): a typo would otherwise stop TRL with a traceback."""
+    for key in recipe:
+        if str(key) not in names and key not in RECIPE_EXTRA_KEYS:
+            raise SuzakError(f"recipe {path} line {lines.get(str(key), '?')}: unknown key {str(key)!r}"
+                             f"{_did_you_mean(str(key), names)}")  # fmt: skip
+
+
+def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the ``--config`` recipe path or None, the other flags); ``--config=PATH`` is taken like ``--config PATH``."""
+    path, rest, i = None, [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--config" or token.startswith("--config="):
+            if path is not None:
+                raise SuzakError("--config is given twice: one recipe per run (flags override its fields)")
+            if token == "--config":
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise SuzakError("--config needs a recipe file, e.g. --config recipes/smoke.yaml")
+                path, i = argv[i + 1], i + 2
+                continue
+            path = token.split("=", 1)[1]
+        else:
+            rest.append(token)
+        i += 1
+    return path, rest
+
+
+class _OneLineErrors:
+    """argparse reports a value it cannot convert by printing its usage and exiting; suzak's commands say it in one
+    line (``ArgumentParser.error`` is documented to be overridden this way)."""
+
+    def error(self, message: str):
+        raise SuzakError(message)
+
+
+def _check_flags(unknown: list[str], names: set[str]) -> None:
+    """The first command-line token no field takes: a flag typo (with the closest flag) or a stray value."""
+    if not unknown:
+        return
+    token = unknown[0]
+    if token.startswith("-"):
+        flag = token.split("=", 1)[0]
+        raise SuzakError(f"unknown flag {flag}{_did_you_mean(flag.lstrip('-').replace('-', '_'), names, '--')}")
+    raise SuzakError(f"unexpected value {token!r} on the command line: values follow a --flag (one per flag, lists "
+                     "excepted)")  # fmt: skip
+
+
+def _next_multiple(value: int, step: int, divisor: int) -> int:
+    """The smallest ``v >= value`` with ``v * step`` divisible by ``divisor``."""
+    while (value * step) % divisor:
+        value += 1
+    return value
+
+
+def _check_generation_batch(ns) -> None:
+    """GRPO scores each prompt's ``num_generations`` completions as a group inside one generation batch, so the batch
+    must hold whole groups. TRL refuses it in a traceback; this names the numbers and what to change."""
+    groups = getattr(ns, "num_generations", None)
+    if groups is None or groups < 2:  # SFT has none; TRL's own line covers fewer than 2
+        return
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if ns.generation_batch_size is not None:
+        batch, how = ns.generation_batch_size, "set by generation_batch_size"
+        example = f"generation_batch_size {-(-batch // groups) * groups}"
+    else:
+        steps = ns.steps_per_generation or ns.gradient_accumulation_steps
+        batch = ns.per_device_train_batch_size * processes * steps
+        how = (f"per_device_train_batch_size {ns.per_device_train_batch_size} x {processes} process(es) x {steps} "
+               "step(s) per generation")  # fmt: skip
+        better = _next_multiple(ns.per_device_train_batch_size, processes * steps, groups)
+        example = f"per_device_train_batch_size {better}"
+    if batch % groups == 0:
+        return
+    divisors = [d for d in range(2, batch + 1) if batch % d == 0]
+    nearest = min(divisors, key=lambda d: (abs(d - groups), -d)) if divisors else None
+    other = f", or num_generations a divisor of {batch} (e.g. {nearest})" if nearest else ""
+    raise SuzakError(f"num_generations {groups} does not divide the generation batch of {batch} completions ({how}): "
+                     f"make the batch a multiple of {groups} (e.g. {example}){other}")  # fmt: skip
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
 def _parse(config_class, argv: list[str] | None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    recipe_file, flags = _split_config(argv)
+    recipe, lines = _load_recipe(recipe_file) if recipe_file else ({}, {})  # before TRL's slow import
+
     from trl import ModelConfig, TrlParser
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = TrlParser((SuzakArguments, config_class, ModelConfig))
-    suzak_args, config, model_args = parser.parse_args_and_config(full_argv(argv))
+    class RecipeParser(_OneLineErrors, TrlParser):
+        pass
+
+    types = (SuzakArguments, config_class, ModelConfig)
+    names = {f.name for t in types for f in fields(t) if f.init}
+    _check_recipe_keys(recipe_file, recipe, lines, names)
+    parser = RecipeParser(types, allow_abbrev=False)
+    parser.set_defaults_with_config(**{k: v for k, v in recipe.items() if k not in RECIPE_EXTRA_KEYS})
+    namespace, unknown = parser.parse_known_args(full_argv(flags))  # argparse only: no config object built yet
+    _check_flags(unknown, names)
+    _check_generation_batch(namespace)
+    try:
+        suzak_args, config, model_args = parser.parse_args_and_config(
+            full_argv((["--config", recipe_file] if recipe_file else []) + flags)
+        )
+    except ValueError as error:  # TRL's and transformers' config checks (__post_init__)
+        raise SuzakError(f"invalid settings: {_one_line(error)}") from None
     if model_args.model_name_or_path is None:
         raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
-    _drop_recipe_options_of_another_dataset(suzak_args, argv)
+    _drop_recipe_options_of_another_dataset(suzak_args, recipe, flags)
     return suzak_args, config, model_args
 
 
-def _drop_recipe_options_of_another_dataset(suzak_args: SuzakArguments, argv: list[str]) -> None:
+def _drop_recipe_options_of_another_dataset(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
     """The recipe's ``dataset_options`` belong to the recipe's ``dataset_name``: when DATASET or ``--dataset_name``
     picks another dataset and no ``--dataset_options`` are given, they are not applied to it (the new builder would
     reject them, or worse, take them)."""
-    import yaml
-
-    from suzak.runs.record import config_path
-
-    recipe_file = config_path(argv)
-    if recipe_file is None or any(a == "--dataset_options" or a.startswith("--dataset_options=") for a in argv):
+    if not recipe or any(a == "--dataset_options" or a.startswith("--dataset_options=") for a in flags):
         return
-    with open(recipe_file, encoding="utf-8") as handle:
-        recipe = yaml.safe_load(handle) or {}
     own = recipe.get("dataset_name")
     if own is not None and own != suzak_args.dataset_name and suzak_args.dataset_options:
         logger.info("dataset_name %s replaces the recipe's %s: the recipe's dataset_options %s are not applied",

@@ -13,6 +13,9 @@ scrubs text, dicts and lists; :class:`RedactingFilter` applies it to every log r
 (True, False, False)
 >>> redact_argv(["--hub_token", "hf_typed", "--max_steps", "3", "--hub_token=hf_typed"], values=[])
 ['--hub_token', '***', '--max_steps', '3', '--hub_token=***']
+
+Masks cannot reach a pickle: the Trainer writes its arguments whole into ``training_args.bin`` (output dir and every
+checkpoint), so :func:`clear_secret_fields` empties credential fields before the Trainer sees them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 __all__ = [
     "MASK",
     "RedactingFilter",
+    "clear_secret_fields",
     "find_secrets",
     "install_log_redaction",
     "is_secret_name",
@@ -96,6 +100,25 @@ def redact_argv(argv: list[str], values: Iterable[str] | None = None) -> list[st
             masked.append(redact(token, values))
         hide_next = bool(name) and not eq and is_secret_name(name.replace("-", "_"))
     return masked
+
+
+def clear_secret_fields(*configs: Any) -> list[str]:
+    """Set every credential field (``hub_token`` …) of these config objects to None; returns the names cleared.
+
+    A caller that needs the value (the release's Hub token) takes it first and keeps it in memory only.
+
+    >>> from types import SimpleNamespace
+    >>> args = SimpleNamespace(hub_token="hf_typed", pad_token="<pad>", learning_rate=1e-6)
+    >>> clear_secret_fields(args), args.hub_token, args.pad_token
+    (['hub_token'], None, '<pad>')
+    """
+    cleared = []
+    for config in configs:
+        for name, value in vars(config).items():
+            if is_secret_name(name) and isinstance(value, str) and value:
+                setattr(config, name, None)
+                cleared.append(name)
+    return cleared
 
 
 def find_secrets(text: str, values: Iterable[str] | None = None) -> bool:

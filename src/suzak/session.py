@@ -6,7 +6,8 @@ draw the plots and publish when ``push_to_hub`` is set. Besides checkpoints, eve
 ``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``metrics.csv``
 and ``completions.csv`` (streamed, :mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
 (:mod:`suzak.runs.plots`). ``push_to_hub: true`` publishes the final model once, at the end, with suzak's model card
-(:mod:`suzak.release.publish`); the Trainer's own per-save pushes are turned off.
+(:mod:`suzak.release.publish`); the Trainer's own per-save pushes are turned off. The Hub token is taken for that
+release before the Trainer exists and cleared from the arguments it pickles into ``training_args.bin``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from suzak import SuzakError
 from suzak.configs import full_argv
-from suzak.runs.checkpoints import checkpoint_step, latest_checkpoint
+from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint, write_failure
 
 __all__ = ["add_first", "build_datasets", "build_eval_callback", "main", "resolve_resume", "run", "setup_reporting"]
 
@@ -39,19 +40,10 @@ def setup_reporting(train_args, recipe: str | None = None) -> None:
     os.environ.setdefault("WANDB_PROJECT", "suzak")
 
 
-def resolve_resume(train_args) -> str | bool | None:
-    """``resume_from_checkpoint`` with ``latest``/``last`` replaced by the newest complete checkpoint (or None)."""
-    value = train_args.resume_from_checkpoint
-    if value not in ("latest", "last"):
-        return value
-    found = latest_checkpoint(train_args.output_dir)
-    if found is None:
-        logger.warning(
-            "resume_from_checkpoint=latest: no complete checkpoint in %s, starting fresh", train_args.output_dir
-        )
-    else:
-        logger.info("resuming from %s", found)
-    return found
+def resolve_resume(train_args) -> str | None:
+    """The checked checkpoint ``resume_from_checkpoint`` names (``latest``/``last``: the newest complete one in
+    output_dir), or None to start fresh (:func:`suzak.runs.checkpoints.resume_checkpoint`)."""
+    return resume_checkpoint(train_args.resume_from_checkpoint, train_args.output_dir)
 
 
 SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic")  # row i depends on (seed, start + i) alone
@@ -144,17 +136,32 @@ def add_first(trainer, callback) -> None:
         trainer.callback_handler.callbacks.insert(0, callback)
 
 
-def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None) -> None:
-    """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank)."""
+def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None):
+    """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank); returns
+    the marker callback (it knows which checkpoint is being saved)."""
     from suzak.runs.record import save_recipe, start_run
     from suzak.runs.streams import add_run_callbacks
 
-    add_run_callbacks(trainer)
+    markers = add_run_callbacks(trainer)
     if trainer.accelerator.is_main_process:
         output_dir = trainer.args.output_dir
         save_recipe(output_dir, full_argv(argv), parsed)
         start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
         start_run(output_dir, argv, parsed, resume, start_step)
+    return markers
+
+
+def _train_and_save(trainer, resume: str | None, markers) -> None:
+    """Train, then save the final model; a failed write (a full disk) is one line naming what was being saved and the
+    intact checkpoint to resume from."""
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model(trainer.args.output_dir)
+    except Exception as error:
+        message = write_failure(error, markers.saving, trainer.args.output_dir)
+        if message is None:
+            raise
+        raise SuzakError(message) from None
 
 
 def _finish(trainer, release) -> None:
@@ -181,6 +188,7 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     """
     from dotenv import load_dotenv
 
+    from suzak.redaction import clear_secret_fields
     from suzak.release.publish import release_request
     from suzak.runs.record import config_path
 
@@ -188,13 +196,13 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
     suzak_args, train_args, model_args = parse(argv)
     release = release_request(train_args, dry_run=suzak_args.release_dry_run)  # repo id and token checked up front
+    clear_secret_fields(suzak_args, train_args, model_args)  # the release keeps its token; training_args.bin never
     train_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
     setup_reporting(train_args, recipe=config_path(argv))
+    resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
     trainer = build(suzak_args, train_args, model_args)
-    resume = resolve_resume(train_args)
-    _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(train_args.output_dir)
+    markers = _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
+    _train_and_save(trainer, resume, markers)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(train_args.output_dir)
         logger.info("model and processor saved to %s", train_args.output_dir)

@@ -151,14 +151,33 @@ def visual_tokens(
     return (h // factor) * (w // factor)
 
 
+def _nominal_range(mode: str, hi: float) -> float:
+    """The full-scale value of a wide image mode: 1.0 for float images within [0, 1], else the 16-bit 65535 (PIL
+    opens 16-bit PNG/TIFF as ``I;16`` or ``I``)."""
+    return 1.0 if mode == "F" and hi <= 1.0 else 65535.0
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Any PIL mode to 8-bit RGB: alpha composited on white, palettes expanded, 16/32-bit and float rescaled."""
+    """Any PIL mode to 8-bit RGB: alpha composited on white, palettes expanded, 16/32-bit and float rescaled.
+
+    A 16/32-bit or float image is stretched from its darkest to its brightest pixel (16-bit scans rarely fill the
+    range). A uniform one has no range to stretch: it keeps its level, scaled from the mode's full range, so a white
+    16-bit image stays white.
+
+    >>> to_rgb(Image.fromarray(np.full((2, 2), 65535, dtype=np.uint16))).getpixel((0, 0))
+    (255, 255, 255)
+    >>> to_rgb(Image.fromarray(np.full((2, 2), 32768, dtype=np.uint16))).getpixel((0, 0))
+    (128, 128, 128)
+    """
     if image.mode == "RGB":
         return image
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         array = np.asarray(image, dtype=np.float64)
         lo, hi = float(array.min()), float(array.max())
-        scaled = (array - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(array)
+        if hi > lo:
+            scaled = (array - lo) / (hi - lo) * 255.0
+        else:
+            scaled = np.full_like(array, np.clip(lo / _nominal_range(image.mode, hi), 0.0, 1.0) * 255.0)
         return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")

@@ -6,6 +6,9 @@
 - dtype: bf16 weights when the run trains in bf16 under DeepSpeed or LoRA (fp32 master weights exist there);
   fp32 weights + bf16 autocast for plain full fine-tuning (pure-bf16 AdamW loses lr-1e-6 updates); float32 on CPU.
 - ``trust_remote_code`` stays off: Qwen2-VL and Qwen2.5-VL are native transformers models.
+- A ``model_name_or_path`` that is a local folder (it exists, or it is written as a path: ``/``, ``./``, ``../``,
+  ``~`` or more than one ``/``) is checked as one: missing, empty, without ``config.json`` or without weights is one
+  line about the folder. Only a Hub id (``NAME`` or ``ORG/NAME``) gets the advice to download it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = [
     "adapter_base",
     "freeze_vision_tower",
     "load_model_and_processor",
+    "local_model_problem",
     "pick_attn_implementation",
     "resolve_model_path",
 ]
@@ -104,6 +108,34 @@ def _dtype(model_args, training_args) -> torch.dtype:
     return torch.float32
 
 
+def _looks_like_a_path(name: str) -> bool:
+    """Whether ``name`` is written as a filesystem path rather than a Hub id (``NAME`` or ``ORG/NAME``).
+
+    >>> [_looks_like_a_path(n) for n in ("Qwen/Qwen2.5-VL-7B-Instruct", "/models/qwen", "./qwen", "~/m", "a/b/c")]
+    [False, True, True, True, True]
+    """
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
+
+
+def local_model_problem(name: str) -> str | None:
+    """Why ``name``, as a local model folder, cannot be loaded; None for a loadable folder or a Hub id."""
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        return "no such folder (check model_name_or_path, or MODEL in .env)" if _looks_like_a_path(name) else None
+    if not folder.is_dir():
+        return "it is a file, not a model folder"
+    names = sorted(p.name for p in folder.iterdir())
+    if not names:
+        return "the folder is empty (an unfinished download or copy?): it needs config.json, the weights and the " \
+               "processor files"  # fmt: skip
+    if "config.json" not in names:
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+        return f"the folder has no config.json (it holds {shown}): point at the folder save_pretrained wrote"
+    if not any(n.endswith(".safetensors") or n.startswith("pytorch_model") and n.endswith(".bin") for n in names):
+        return "the folder has config.json but no weights (*.safetensors or *.bin): an unfinished download or copy?"
+    return None
+
+
 def _load_config(path: str, revision: str | None):
     from transformers import AutoConfig
 
@@ -127,6 +159,8 @@ def load_model_and_processor(model_args, training_args):
     from suzak.hub import offline_unless_reachable
 
     path = resolve_model_path(model_args.model_name_or_path)
+    if problem := local_model_problem(path):
+        raise SuzakError(f"cannot load model {path!r}: {problem}")
     config = _load_config(path, model_args.model_revision)
     is_vlm = getattr(config, "vision_config", None) is not None
     kwargs = {

@@ -3,35 +3,51 @@
 transformers writes ``checkpoint-N/`` in place (weights, optimizer, scheduler, RNG, then ``trainer_state.json``), not
 to a temporary folder that is renamed, so a process killed mid-save leaves a half-written folder. suzak adds a
 marker once the Trainer has finished (``CheckpointMarkerCallback`` in :mod:`suzak.runs.streams`): ``.suzak-complete.json``
-listing every file and its size. A folder is complete when
+listing every file and its size. A folder is complete when it has no ``.suzak-saving`` sentinel and
 
 - it has the marker and every listed file exists with its listed size (a later truncation or a half-done deletion
-  fails the check), or
-- it has no marker and no ``.suzak-saving`` sentinel (a checkpoint from a plain Trainer run) and its
-  ``trainer_state.json`` parses and weights exist: the Trainer writes the state last, so it only exists when the
-  rest was written.
+  fails the check), or it has no marker (a checkpoint from a plain Trainer run) and ``trainer_state.json`` exists:
+  the Trainer writes the state last, so it only exists when the rest was written; and
+- its contents read, since sizes prove nothing about garbage of the right size: ``trainer_state.json`` parses to a
+  JSON object, every safetensors file's header reads and its tensors fit the file, every shard a
+  ``*.safetensors.index.json`` lists is there, and every torch file (optimizer, scheduler, RNG state, DeepSpeed
+  shards) is a whole zip archive. None of this reads the tensors themselves: checking a 7B checkpoint takes
+  milliseconds.
 
 When a save is about to overwrite an existing ``checkpoint-N`` (a resumed run reaching the step of a half-written
 folder), the marker is removed and the sentinel written first, so the old state file cannot vouch for new,
 half-written weights. Incomplete folders are skipped with a warning and left in place: the run overwrites them when
-it reaches their step again.
+it reaches their step again. :func:`resume_checkpoint` turns ``--resume_from_checkpoint`` into a checkpoint that
+passes these checks, or one line saying why there is none.
+
+A disk that fills up mid-save leaves the new folder half-written (no state file, so never picked) and the earlier
+checkpoints as they were: the Trainer deletes old checkpoints (``save_total_limit``) only after a save completes.
+:func:`write_failure` says so in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
+import zipfile
 from pathlib import Path
+
+from suzak import SuzakError
 
 __all__ = [
     "MARKER",
     "SENTINEL",
     "begin_overwrite",
+    "checkpoint_folders",
     "checkpoint_problem",
     "checkpoint_step",
     "latest_checkpoint",
     "mark_complete",
+    "resume_checkpoint",
+    "write_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -39,6 +55,7 @@ logger = logging.getLogger(__name__)
 MARKER = ".suzak-complete.json"
 SENTINEL = ".suzak-saving"
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+_TORCH_FILES = ("*.pt", "*.pth", "*.bin")  # torch.save writes zip archives (optimizer, scheduler, RNG, args, ZeRO)
 
 
 def checkpoint_step(folder: Path) -> int | None:
@@ -89,15 +106,61 @@ def _marker_problem(folder: Path) -> str | None:
     return None
 
 
-def _unmarked_problem(folder: Path) -> str | None:
+def _json_problem(path: Path, name: str) -> str | None:
+    """Why ``path`` is not a readable JSON object, or None."""
     try:
-        json.loads((folder / "trainer_state.json").read_text())
-    except OSError:
-        return "no trainer_state.json"
-    except ValueError:
-        return "trainer_state.json is truncated"
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"no {name}"
+    except OSError as error:
+        return f"{name} cannot be read ({error.strerror})"
+    except UnicodeDecodeError:
+        return f"{name} is truncated or corrupt (not UTF-8 text)"
+    except json.JSONDecodeError as error:
+        return f"{name} is truncated or corrupt ({error.msg} at line {error.lineno} column {error.colno})"
+    return None if isinstance(value, dict) else f"{name} is truncated or corrupt (not a JSON object)"
+
+
+def _safetensors_problem(path: Path, name: str) -> str | None:
+    """Why a safetensors file's header does not read (or its tensors do not fit the file), or None. Reads the header
+    only: the library checks every tensor's byte range against the file's size."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt"):
+            return None
+    except (SafetensorError, OSError) as error:
+        return f"{name} is corrupt ({' '.join(str(error).split())})"
+
+
+def _shards_problem(folder: Path, index: Path) -> str | None:
+    """Why the shards a ``*.safetensors.index.json`` lists are not all there, or None."""
+    name = index.relative_to(folder).as_posix()
+    problem = _json_problem(index, name)
+    if problem is not None:
+        return problem
+    weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    if not isinstance(weight_map, dict):
+        return f"{name} is corrupt (no weight_map)"
+    for shard in sorted(set(weight_map.values())):
+        if not (index.parent / shard).is_file():
+            return f"{shard}, listed in {name}, is missing"
+    return None
+
+
+def _weights_problem(folder: Path) -> str | None:
+    """Why the weights and torch files do not read, or None."""
     if not any((folder / w).is_file() for w in _WEIGHTS) and not any(folder.glob("global_step*")):
         return "no model weights"
+    for index in sorted(folder.glob("*.safetensors.index.json")):
+        if problem := _shards_problem(folder, index):
+            return problem
+    for path in sorted(folder.glob("*.safetensors")):
+        if problem := _safetensors_problem(path, path.name):
+            return problem
+    for path in sorted(p for pattern in _TORCH_FILES for p in folder.rglob(pattern) if p.is_file()):
+        if not zipfile.is_zipfile(path):
+            return f"{path.relative_to(folder).as_posix()} is truncated or corrupt (not a whole torch archive)"
     return None
 
 
@@ -106,17 +169,123 @@ def checkpoint_problem(folder: str | Path) -> str | None:
     folder = Path(folder)
     if (folder / SENTINEL).exists():
         return "a save into it did not finish"
-    if (folder / MARKER).exists():
-        return _marker_problem(folder)
-    return _unmarked_problem(folder)
+    if (folder / MARKER).exists() and (problem := _marker_problem(folder)):
+        return problem
+    return _json_problem(folder / "trainer_state.json", "trainer_state.json") or _weights_problem(folder)
 
 
-def latest_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir``; incomplete ones are skipped with a warning, kept."""
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """Every ``checkpoint-N`` folder in ``output_dir``, newest first, complete or not."""
     folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None]
-    for folder in sorted(folders, key=checkpoint_step, reverse=True):
+    return sorted(folders, key=checkpoint_step, reverse=True)
+
+
+def latest_checkpoint(output_dir: str | Path, warn: bool = True) -> str | None:
+    """The newest complete ``checkpoint-N`` in ``output_dir``; incomplete ones are skipped with a warning, kept."""
+    for folder in checkpoint_folders(output_dir):
         problem = checkpoint_problem(folder)
         if problem is None:
             return str(folder)
-        logger.warning("skipping incomplete checkpoint %s: %s", folder, problem)
+        if warn:
+            logger.warning("skipping incomplete checkpoint %s: %s", folder, problem)
     return None
+
+
+def resume_checkpoint(value: str | None, output_dir: str | Path) -> str | None:
+    """The checkpoint ``--resume_from_checkpoint value`` resumes from, checked; None to start fresh.
+
+    ``latest``/``last``: the newest complete checkpoint in ``output_dir`` (damaged newer ones skipped with a
+    warning), None when there is no checkpoint folder at all, and an error when there are some but none is usable:
+    a silent fresh start would train from step 0 into the folder of a run the user meant to continue. A path: that
+    folder, or an error naming what is wrong with it.
+    """
+    if not value:
+        return None
+    if value not in ("latest", "last"):
+        if not Path(value).is_dir():
+            raise SuzakError(f"resume_from_checkpoint {value}: no such checkpoint folder (`latest` resumes from the "
+                             "newest complete checkpoint in output_dir)")  # fmt: skip
+        if problem := checkpoint_problem(value):
+            raise SuzakError(f"resume_from_checkpoint {value} cannot be resumed: {problem}")
+        return str(value)
+    found = latest_checkpoint(output_dir)
+    folders = checkpoint_folders(output_dir)
+    if found is None and folders:
+        raise SuzakError(f"resume_from_checkpoint=latest: none of the {len(folders)} checkpoint folder(s) in "
+                         f"{output_dir} is usable (newest, {folders[0].name}: {checkpoint_problem(folders[0])}); "
+                         "resume from an intact copy with --resume_from_checkpoint PATH, or move them away to start "
+                         "afresh")  # fmt: skip
+    if found is None:
+        logger.warning("resume_from_checkpoint=latest: no checkpoint in %s, starting fresh", output_dir)
+    else:
+        logger.info("resuming from %s", found)
+    return found
+
+
+# How a full disk shows: an errno on OSError; safetensors' Rust writer and others keep only the text.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "QuotaExceeded")
+# torch.save's zip writer reports a failed write (a full disk above all) as a RuntimeError with no errno, worded
+# differently across versions ("file write failed", "unexpected pos …", "iostream error").
+_TORCH_WRITER_TEXT = ("inline_container.cc", "PytorchStreamWriter", "file write failed")
+_NEARLY_FULL = 100 * 2**20  # bytes free below which a failed write is taken for a full disk
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    while error is not None and error not in found:
+        found.append(error)
+        error = error.__cause__ or error.__context__
+    return found
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _free_bytes(path: str | Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _failed_write(error: BaseException, saving: bool, free: int | None) -> tuple[bool, str] | None:
+    """(disk full?, reason) when ``error`` is a failed write; None for anything else (a bug keeps its traceback)."""
+    for cause in _chain(error):
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL_ERRNOS:
+            return True, os.strerror(cause.errno)
+        if any(text in str(cause) for text in _DISK_FULL_TEXT):
+            return True, _first_line(cause)
+    if not saving:
+        return None
+    for cause in _chain(error):  # while a checkpoint is written, an I/O error is the machine's, not a bug
+        if isinstance(cause, OSError) or any(text in str(cause) for text in _TORCH_WRITER_TEXT):
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else _first_line(cause)
+            return free is not None and free < _NEARLY_FULL, reason
+    return None
+
+
+def write_failure(error: BaseException, saving: str | Path | None, output_dir: str | Path) -> str | None:
+    """One line for a run stopped by a failed write (a full disk above all), or None when ``error`` is not one.
+
+    ``saving`` is the checkpoint folder being written when it failed (None: between saves). The line names it, the
+    free space, and the newest complete checkpoint, checked again here, which the failed save left as it was.
+    """
+    free = _free_bytes(output_dir)
+    failed = _failed_write(error, saving is not None, free)
+    if failed is None:
+        return None
+    disk_full, reason = failed
+    what = f"saving {saving}" if saving is not None else f"writing to {output_dir}"
+    space = f"; {free / 1e9:.1f} GB free" if free is not None else ""
+    fix = "free space (or lower save_total_limit)" if disk_full else "fix the cause"
+    intact = latest_checkpoint(output_dir, warn=False)
+    if intact:
+        after = f"{intact} is the newest complete checkpoint and is intact; {fix}, then rerun with " \
+                "--resume_from_checkpoint latest"  # fmt: skip
+    else:
+        after = f"no checkpoint was complete yet; {fix}" + (f", delete the half-written {saving}" if saving else "") + \
+                " and run again"  # fmt: skip
+    return f"{'disk full' if disk_full else 'a write failed'} while {what} ({reason}{space}): {after}"

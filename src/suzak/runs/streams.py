@@ -159,14 +159,23 @@ class CompletionsCSVCallback(_StreamCallback):
 
 
 class CheckpointMarkerCallback(TrainerCallback):
-    """Marks each checkpoint complete once the Trainer has written all of it (see :mod:`suzak.runs.checkpoints`)."""
+    """Marks each checkpoint complete once the Trainer has written all of it (see :mod:`suzak.runs.checkpoints`).
+
+    ``saving`` is the checkpoint folder being written, None between saves: a run that fails while saving names it.
+    """
+
+    def __init__(self):
+        self.saving: Path | None = None
 
     def _folder(self, args, state) -> Path:
         return Path(args.output_dir) / f"checkpoint-{state.global_step}"
 
     def _before_save(self, args, state, control) -> None:
-        if control.should_save and state.is_world_process_zero:
-            begin_overwrite(self._folder(args, state))  # no-op unless the folder already exists
+        if not control.should_save:
+            return
+        self.saving = self._folder(args, state)
+        if state.is_world_process_zero:
+            begin_overwrite(self.saving)  # no-op unless the folder already exists
 
     def on_step_end(self, args, state, control, **kwargs):
         self._before_save(args, state, control)
@@ -182,21 +191,24 @@ class CheckpointMarkerCallback(TrainerCallback):
         folder = self._folder(args, state)
         if state.is_world_process_zero and folder.is_dir():
             mark_complete(folder, state.global_step)
+        self.saving = None
 
 
-def add_run_callbacks(trainer) -> None:
-    """The CSV streams and checkpoint markers on a trainer (call on every rank).
+def add_run_callbacks(trainer) -> CheckpointMarkerCallback:
+    """The CSV streams and checkpoint markers on a trainer (call on every rank); returns the marker callback.
 
     ``completions.csv`` needs :class:`suzak.trainer.VLMGRPOTrainer`'s ``completion_listeners``; other trainers (SFT)
     get ``metrics.csv`` and the markers.
     """
     output_dir = trainer.args.output_dir
+    markers = CheckpointMarkerCallback()
     trainer.add_callback(MetricsCSVCallback(output_dir))
-    trainer.add_callback(CheckpointMarkerCallback())
+    trainer.add_callback(markers)
     if hasattr(trainer, "completion_listeners"):
         completions = CompletionsCSVCallback(output_dir)
         trainer.add_callback(completions)
         trainer.completion_listeners.append(completions.write)
+    return markers
 
 
 # --- image references ---------------------------------------------------------------------------------------------
