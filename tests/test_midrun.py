@@ -1,7 +1,7 @@
-"""Faults that show up only mid-run: a reward that raises or returns what TRL cannot use, and non-finite rewards.
-Each ends in one line naming the reward, the step and the dataset rows (after a checkpoint of the last completed
-step, so ``--resume_from_checkpoint latest`` continues), or is handled and counted
-(``rewards/<name>/nonfinite_frac``)."""
+"""Faults that show up only mid-run: a reward that raises or returns what TRL cannot use, non-finite rewards, and a
+run that trains no step. Each ends in one line naming the reward, the step and the dataset rows (after a checkpoint
+of the last completed step, so ``--resume_from_checkpoint latest`` continues), or is handled and counted
+(``rewards/<name>/nonfinite_frac``); a run with no optimizer step never exits 0."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from suzak import SuzakError
 from suzak.runs.checkpoints import MARKER, checkpoint_problem, latest_checkpoint
 from suzak.runs.streams import add_run_callbacks
+from suzak.session import check_trained
 from suzak.trainer import ROW_COLUMN, number_rows
 from suzak.trl_internals import RewardFault, RewardGuard
 from test_trainer import image_dataset, length_reward, make_trainer
@@ -201,6 +204,24 @@ def test_a_step_no_reward_scores_is_an_error(tiny_model_dir, tmp_path, value, we
     assert trainer.state.global_step == 0
 
 
+# --- a run that trains nothing --------------------------------------------------------------------------------------
+
+
+def test_a_run_that_made_no_step_is_an_error():
+    def trainer(step, max_steps=4, epochs=3.0, rows=1):
+        args = SimpleNamespace(max_steps=max_steps, num_train_epochs=epochs, num_generations=4,
+                               generation_batch_size=8)  # fmt: skip
+        return SimpleNamespace(args=args, state=SimpleNamespace(global_step=step), train_dataset=[{}] * rows)
+
+    check_trained(trainer(1), start_step=0)
+    check_trained(trainer(5, max_steps=6), start_step=4)
+    with pytest.raises(SuzakError, match=r"^training ran no optimizer step: 1 training row\(s\), max_steps 4, "
+                                         r"num_train_epochs 3; a generation batch takes 2 prompts \("):  # fmt: skip
+        check_trained(trainer(0), start_step=0)
+    with pytest.raises(SuzakError, match="^nothing to train: the run resumed at step 6 and max_steps is 6; raise"):
+        check_trained(trainer(6, max_steps=6), start_step=6)
+
+
 # --- through the command --------------------------------------------------------------------------------------------
 
 FAULTY = """
@@ -247,6 +268,20 @@ def test_after_a_reward_fault_resume_latest_finishes_the_run(tiny_model_dir, tmp
     assert f"resuming from {out / 'checkpoint-1'}" in result.stderr
     assert checkpoint_problem(out / "checkpoint-4") is None and (out / "model.safetensors").is_file()
     assert [r["step"] for r in read_csv(out / "metrics.csv") if r["loss"]] == ["1", "2", "3", "4"]
+
+
+def test_a_run_that_trains_no_step_exits_non_zero(tiny_model_dir, tmp_path, run_env):
+    out = tmp_path / "run"
+    options = '{"num_rows": 1, "seed": 0, "min_objects": 3, "max_objects": 6}'  # one prompt; a step takes two
+    result = subprocess.run(train_command(tiny_model_dir, out, "--dataset_options", options), cwd=ROOT, env=run_env,
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: training ran no optimizer step: 1 training row(s), max_steps 4, num_train_epochs 3; a generation "
+        "batch takes 2 prompts (generation_batch_size 8 / num_generations 4); nothing was trained and no model was "
+        "saved"
+    )
+    assert not (out / "model.safetensors").exists()
 
 
 FAULTY_ON_RANK_1 = """
