@@ -1,5 +1,6 @@
-"""TRL internals suzak relies on (all used in src/suzak/trl_internals.py; tests and bench use two more), one contract
-each: a TRL upgrade that renames or reshapes one fails here, by name.
+"""TRL internals suzak relies on (all used in src/suzak/trl_internals.py; tests and bench use two more), and the one
+transformers ``Trainer`` internal it calls (``_save_checkpoint``), one contract each: a TRL upgrade that renames or
+reshapes one fails here, by name.
 
 The behaviour behind each is tested elsewhere too (tests/test_trainer.py, tests/test_metrics.py,
 tests/test_vllm_colocate.py); these pin the names and signatures so the failure says what moved.
@@ -105,3 +106,48 @@ def test_a_rewards_log_extra_column_reaches_completions_csv(tiny_model_dir, tmp_
     with (Path(trainer.args.output_dir) / "completions.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 8 and all(r["note/length"] == f"len={int(float(r['reward/length_with_note']))}" for r in rows)
+
+
+# --- reward screening and the checkpoint before a mid-run stop (suzak.trl_internals.GRPOHooks) ---------------------
+
+
+def test_calculate_rewards_calls_self_reward_funcs_by_keyword_at_call_time():
+    """GRPOHooks wraps ``self.reward_funcs`` for the length of one ``_calculate_rewards`` call (RewardGuard): TRL must
+    read the list then, tell async and module rewards apart the same way, call them by keyword only, turn None into
+    NaN, and return the scores gathered over ranks (every rank screens the same tensor)."""
+    params = ["self", "inputs", "prompts", "completions", "completion_ids_list"]
+    assert _params(GRPOTrainer._calculate_rewards) == params
+    source = inspect.getsource(GRPOTrainer._calculate_rewards)
+    assert "zip(self.reward_funcs, self.reward_processing_classes, self.reward_func_names, strict=True)" in source
+    assert "isinstance(reward_func, nn.Module)" in source and "elif is_async_callable(reward_func):" in source
+    call = "prompts=prompts, completions=completions, completion_ids=completion_ids_list, **reward_kwargs"
+    assert source.count(call) == 2  # sync and async
+    assert "[reward if reward is not None else torch.nan for reward in output_reward_func]" in source
+    assert "rewards_per_func = gather(rewards_per_func)\n        return rewards_per_func" in source
+
+
+def test_generate_and_score_completions_uses_the_screened_rewards_then_flushes_log_metric():
+    """The tensor ``_calculate_rewards`` returns is what TRL computes advantages from and logs; ``nonfinite_frac``
+    goes through ``_log_metric``, whose values TRL flushes into the step's metrics after scoring."""
+    assert _params(GRPOTrainer._log_metric) == ["self", "name", "value"]
+    assert "self._pending_metrics[name].append(value)" in inspect.getsource(GRPOTrainer._log_metric)
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    scored = source.index("rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids")
+    assert scored < source.index("unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)")
+    assert scored < source.index("self._pending_metrics.clear()")
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert "self.reward_func_names.append(" in init and "self.reward_weights = torch." in init
+
+
+def test_trainer_save_checkpoint_is_what_a_save_step_runs():
+    """``GRPOHooks.save_checkpoint`` does what transformers does at a save step, in the same order."""
+    from transformers import Trainer
+
+    assert _params(Trainer._save_checkpoint) == ["self", "model", "trial"]
+    assert 'checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"' in inspect.getsource(
+        Trainer._save_checkpoint
+    )
+    assert (
+        "self._save_checkpoint(model, trial)\n"
+        "            self.control = self.callback_handler.on_save(self.args, self.state, self.control)"
+    ) in inspect.getsource(Trainer._maybe_log_save_evaluate)

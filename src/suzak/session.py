@@ -2,7 +2,8 @@
 
 Parse the recipe, build the datasets (held-out rows for the generation eval never trained on) and the trainer,
 resume from the newest complete checkpoint when asked, start the run's records, train, save, then close the record,
-draw the plots and publish when ``push_to_hub`` is set. Besides checkpoints, every run writes to its output dir:
+draw the plots and publish when ``push_to_hub`` is set. A run that made no optimizer step is an error
+(:func:`check_trained`), never exit 0. Besides checkpoints, every run writes to its output dir:
 ``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``metrics.csv``
 and ``completions.csv`` (streamed, :mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
 (:mod:`suzak.runs.plots`). ``push_to_hub: true`` publishes the final model once, at the end, with suzak's model card
@@ -22,7 +23,16 @@ from suzak import SuzakError
 from suzak.configs import full_argv
 from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint, write_failure
 
-__all__ = ["add_first", "build_datasets", "build_eval_callback", "main", "resolve_resume", "run", "setup_reporting"]
+__all__ = [
+    "add_first",
+    "build_datasets",
+    "build_eval_callback",
+    "check_trained",
+    "main",
+    "resolve_resume",
+    "run",
+    "setup_reporting",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +146,7 @@ def add_first(trainer, callback) -> None:
         trainer.callback_handler.callbacks.insert(0, callback)
 
 
-def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None):
+def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None, start_step: int):
     """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank); returns
     the marker callback (it knows which checkpoint is being saved)."""
     from suzak.runs.record import save_recipe, start_run
@@ -146,22 +156,47 @@ def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None):
     if trainer.accelerator.is_main_process:
         output_dir = trainer.args.output_dir
         save_recipe(output_dir, full_argv(argv), parsed)
-        start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
         start_run(output_dir, argv, parsed, resume, start_step)
     return markers
 
 
-def _train_and_save(trainer, resume: str | None, markers) -> None:
+def _train_and_save(trainer, resume: str | None, markers, start_step: int) -> None:
     """Train, then save the final model; a failed write (a full disk) is one line naming what was being saved and the
-    intact checkpoint to resume from."""
+    intact checkpoint to resume from; a run that made no optimizer step saves nothing (:func:`check_trained`)."""
     try:
         trainer.train(resume_from_checkpoint=resume)
+        check_trained(trainer, start_step)
         trainer.save_model(trainer.args.output_dir)
     except Exception as error:
         message = write_failure(error, markers.saving, trainer.args.output_dir)
         if message is None:
             raise
         raise SuzakError(message) from None
+
+
+def check_trained(trainer, start_step: int) -> None:
+    """A run that made no optimizer step is an error, not a finished run (exit 0) that saves an untrained model.
+
+    The Trainer ends such a run quietly: a dataset smaller than one batch, ``num_train_epochs`` 0, or a resume from
+    a checkpoint already at ``max_steps``.
+    """
+    args = trainer.args
+    if trainer.state.global_step > start_step:
+        return
+    if start_step and 0 < args.max_steps <= start_step:
+        raise SuzakError(f"nothing to train: the run resumed at step {start_step} and max_steps is {args.max_steps}; "
+                         "raise max_steps to train on")  # fmt: skip
+    dataset = trainer.train_dataset
+    rows = f"{len(dataset)} training row(s)" if hasattr(dataset, "__len__") else "an iterable training dataset"
+    batch, generations = "", getattr(args, "num_generations", None)
+    if generations:  # GRPO: a step takes generation_batch_size / num_generations prompts
+        size = args.generation_batch_size
+        batch = (f"; a generation batch takes {size // generations} prompts (generation_batch_size {size} / "
+                 f"num_generations {generations})")  # fmt: skip
+    raise SuzakError(
+        f"training ran no optimizer step: {rows}, max_steps {args.max_steps}, num_train_epochs "
+        f"{args.num_train_epochs:g}{batch}; nothing was trained and no model was saved"
+    )
 
 
 def _finish(trainer, release) -> None:
@@ -201,8 +236,9 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     setup_reporting(train_args, recipe=config_path(argv))
     resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
     trainer = build(suzak_args, train_args, model_args)
-    markers = _start_records(trainer, argv, (suzak_args, train_args, model_args), resume)
-    _train_and_save(trainer, resume, markers)
+    start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
+    markers = _start_records(trainer, argv, (suzak_args, train_args, model_args), resume, start_step)
+    _train_and_save(trainer, resume, markers, start_step)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(train_args.output_dir)
         logger.info("model and processor saved to %s", train_args.output_dir)

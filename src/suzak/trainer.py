@@ -7,8 +7,11 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
   the budget, before TRL's two processor calls, vLLM and the reward kwargs see it, so all of them see the same
   pixels and token counts (the copies of a prompt's image share one resize);
 - ``batch_scored``: the scored batch's rows go to the ``completion_listeners`` (``completions.csv``);
+- ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
+  or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
 - ``train()``: the reward pre-flight, the vLLM image-bounds check and the visual-token report run before step 1
-  (:mod:`suzak.checks`).
+  (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`) stops it after a
+  checkpoint of the last completed step, so ``--resume_from_checkpoint latest`` continues from there.
 
 The processor gets the budget's bounds, so it never resizes a fitted image again, and pads on the left. Generation
 (HF or vLLM) never samples a vision placeholder token (:data:`suzak.vision.VISION_PLACEHOLDERS`, the ids the
@@ -19,18 +22,47 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from accelerate.utils import gather_object
+import datasets
+from accelerate.utils import broadcast_object_list, gather_object
+from transformers.trainer_callback import ProgressCallback
 
 from suzak.checks import check_vllm_bounds, precheck, preflight
-from suzak.runs.streams import image_reference
-from suzak.trl_internals import GRPOHooks
+from suzak.runs.checkpoints import checkpoint_problem
+from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
+from suzak.trl_internals import GRPOHooks, RewardFault
 from suzak.vision import PixelBudget, configure_processor, fit_row_images, pad_left, vision_token_ids
 
-__all__ = ["VLMGRPOTrainer"]
+__all__ = ["ROW_COLUMN", "VLMGRPOTrainer", "number_rows", "row_name"]
 
 logger = logging.getLogger(__name__)
+
+ROW_COLUMN = "suzak_row"  # a row's position in the training dataset, when no column of its own names it
+
+
+def number_rows(dataset):
+    """``dataset`` with each row's position in :data:`ROW_COLUMN`, unless a column already names its rows.
+
+    suzak's builders name rows themselves (``line`` for JSONL, ``index`` for synthetic CLEVR); Hub datasets do not.
+    The column is one int per row, beside the table (a dataset that was shuffled or subset is flattened first).
+    """
+    if not isinstance(dataset, datasets.Dataset) or {*ROW_ID_COLUMNS, ROW_COLUMN} & set(dataset.column_names):
+        return dataset
+    return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
+
+
+def row_name(row: dict[str, Any]) -> str:
+    """How a message names the dataset row a batch row came from.
+
+    >>> row_name({"line": 14}), row_name({ROW_COLUMN: 3}), row_name({"problem": "?"})
+    ('line 14', 'position 3', 'an unnamed row')
+    """
+    found = row_id(row)
+    if found is not None:
+        return f"{found[0]} {found[1]}"
+    return f"position {row[ROW_COLUMN]}" if ROW_COLUMN in row else "an unnamed row"
 
 
 class VLMGRPOTrainer(GRPOHooks):
@@ -67,9 +99,13 @@ class VLMGRPOTrainer(GRPOHooks):
         pad_left(self.processing_class)
         self.suppress_in_generation(vision_token_ids(self.processing_class))
 
+    def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
+        return [row_name(row) for row in inputs]
+
     def prepare_batch(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         memo: dict = {}  # one resize per distinct image: each prompt is in the batch num_generations times
-        return [fit_row_images(row, self.pixel_budget, memo) for row in inputs]
+        rows = ({k: v for k, v in row.items() if k != ROW_COLUMN} for row in inputs)  # rewards get the dataset's own
+        return [fit_row_images(row, self.pixel_budget, memo) for row in rows]
 
     def batch_scored(self, inputs: list[dict[str, Any]]) -> None:
         """This batch's rows to the listeners, with image references gathered over ranks in TRL's rank order."""
@@ -84,7 +120,39 @@ class VLMGRPOTrainer(GRPOHooks):
 
     def train(self, *args, **kwargs):
         self.run_pre_checks()
-        return super().train(*args, **kwargs)
+        self.train_dataset = number_rows(self.train_dataset)
+        try:
+            return super().train(*args, **kwargs)
+        except RewardFault as fault:  # raised on every rank while scoring, never mid optimizer step: weights are whole
+            raise RewardFault(f"{fault}. {self.save_before_stopping()}") from fault.__cause__
+        finally:
+            self._close_progress_bar()
+
+    def _close_progress_bar(self) -> None:
+        """Close the training bar as the Trainer does at the end of training; after an error it would otherwise be
+        drawn again when the process exits, below the ``error:`` line."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                callback.on_train_end(self.args, self.state, self.control)
+
+    def save_before_stopping(self) -> str:
+        """Keep every completed step: save ``checkpoint-{global_step}`` unless it is already complete; says what it did.
+
+        Rank 0 looks at the folder and every rank follows (a save is collective).
+        """
+        step = self.state.global_step
+        if step == 0:
+            return "No step had completed, so there is no checkpoint"
+        folder = Path(self.args.output_dir) / f"checkpoint-{step}"
+        missing = [checkpoint_problem(folder) is not None]
+        broadcast_object_list(missing)
+        if missing[0]:
+            try:
+                self.save_checkpoint()
+            except OSError as error:
+                return f"Saving {folder} failed ({type(error).__name__}: {error}); older checkpoints are as they were"
+        resume = "--resume_from_checkpoint latest"
+        return f"{folder} holds the {step} completed step(s): fix the cause, then rerun with {resume}"
 
     def run_pre_checks(self) -> None:
         """Reward pre-flight (stops the run on a reward/format mismatch), vLLM's image bounds, the visual-token report."""

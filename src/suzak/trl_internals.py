@@ -3,30 +3,52 @@
 suzak extends TRL's ``GRPOTrainer`` only through the names below, so a TRL upgrade that moves one of them fails there,
 by name, instead of somewhere in a training run:
 
-- :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``
-  and ``_log_completion_extra`` (each calls ``super()`` and hands suzak's part to a public method of the subclass),
-  reads the scored batch from ``_logs``, and sets the vision-token suppression where TRL's two generation paths
-  read it (``generation_config``/``generation_kwargs`` for HF, ``vllm_generation.generation_kwargs`` for vLLM);
+- :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
+  ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
+  method of the subclass), reads the scored batch from ``_logs``, logs through ``_log_metric``, saves a checkpoint
+  with transformers' ``Trainer._save_checkpoint``, and sets the vision-token suppression where TRL's two generation
+  paths read it (``generation_config``/``generation_kwargs`` for HF, ``vllm_generation.generation_kwargs`` for vLLM);
+- :class:`RewardFault`: what ``_calculate_rewards`` raises, on every rank at once, when a reward raises or returns
+  what TRL cannot use (each recorded by :class:`RewardGuard`), or when no reward scored any completion of a
+  training batch;
 - :data:`REWARD_CALL_KWARGS` and :func:`reward_call_kwargs`: the keyword arguments ``GRPOTrainer`` calls every reward
   function with, which the reward pre-flight reproduces and recipes must not set;
 - :func:`completion_rows`: one row per completion of the newest batch in TRL's ``_logs`` layout.
 
-Everything here imports TRL and nothing of suzak but :mod:`suzak.parsing` and :mod:`suzak.vision` (leaves).
+Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak.parsing` and :mod:`suzak.vision`
+(leaves).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import numbers
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from trl.trainer.utils import is_async_callable
 
+from suzak import SuzakError
 from suzak.parsing import message_text
 from suzak.vision import collapse_runs
 
-__all__ = ["REWARD_CALL_KWARGS", "GRPOHooks", "completion_rows", "reward_call_kwargs"]
+__all__ = [
+    "REWARD_CALL_KWARGS",
+    "GRPOHooks",
+    "RewardFailure",
+    "RewardFault",
+    "RewardGuard",
+    "completion_rows",
+    "reward_call_kwargs",
+]
+
+logger = logging.getLogger(__name__)
 
 # Keyword arguments GRPOTrainer._calculate_rewards passes to every reward itself (beside the dataset's columns).
 REWARD_CALL_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -44,22 +66,166 @@ def reward_call_kwargs(rows: list[dict], completions: list, log: Callable[..., N
             **columns}  # fmt: skip
 
 
+class RewardFault(SuzakError):
+    """A reward failed during a run, or no reward scored a training batch: the run stops (after a checkpoint)."""
+
+
+@dataclass(frozen=True)
+class RewardFailure:
+    """One failed reward call, in plain strings (gathered over ranks).
+
+    ``rows`` name the rows the reward fails on alone when ``narrowed``, else every row of the batch.
+    """
+
+    reward: str
+    what: str  # "raised ValueError", "returned 3 values for 4 completions", ...
+    detail: str
+    rows: tuple[str, ...]
+    narrowed: bool
+
+    def message(self, where: str) -> str:
+        """One line: the reward, what it did, where in the run, and the dataset rows to look at.
+
+        >>> RewardFailure("acc", "raised KeyError", "'solution'", ("line 3", "line 3"), True).message("step 2")
+        "reward 'acc' raised KeyError at step 2 (dataset row: line 3): 'solution'"
+        """
+        names = list(dict.fromkeys(self.rows))
+        listed = ", ".join(names[:8]) + (f", ... ({len(names)} rows)" if len(names) > 8 else "")
+        rows = f"dataset row{'s' * (len(names) > 1)}: {listed}"
+        if not self.narrowed:
+            rows = f"a batch of {rows}"
+        return f"reward {self.reward!r} {self.what} at {where} ({rows})" + (f": {self.detail}" if self.detail else "")
+
+
+class RewardGuard:
+    """The reward functions of one ``_calculate_rewards`` call, wrapped so that bad output never crashes one rank.
+
+    A reward that raises, or returns what TRL cannot turn into a tensor (a wrong count, a string), is recorded as a
+    :class:`RewardFailure` and scores None, so every rank reaches TRL's gather and then stops together; the rows a
+    synchronous reward fails on are found by calling it on each completion alone. NaN and inf are noted (positions
+    per reward in ``nonfinite``). ``rows`` name the batch's rows, one per completion.
+    """
+
+    def __init__(self, rows: Sequence[str]):
+        self.rows = list(rows)
+        self.failures: list[RewardFailure] = []
+        self.errors: list[Exception] = []
+        self.nonfinite: dict[str, list[int]] = {}
+
+    def wrap(self, func: Callable, name: str) -> Callable:
+        """``func`` guarded (async when it is); a reward model (a module TRL runs itself) is left as it is."""
+        if isinstance(func, torch.nn.Module):
+            return func
+        if is_async_callable(func):
+
+            async def guarded_async(**kwargs):
+                try:
+                    values = await func(**kwargs)
+                except Exception as error:  # noqa: BLE001 - recorded, then raised on every rank as a RewardFault
+                    return self._raised(name, error, kwargs, probe=None)
+                return self._checked(name, values, len(kwargs["completions"]))
+
+            return guarded_async
+
+        def guarded(**kwargs):
+            try:
+                values = func(**kwargs)
+            except Exception as error:  # noqa: BLE001 - recorded, then raised on every rank as a RewardFault
+                return self._raised(name, error, kwargs, probe=func)
+            return self._checked(name, values, len(kwargs["completions"]))
+
+        return guarded
+
+    def _fail(self, failure: RewardFailure, count: int) -> list[None]:
+        self.failures.append(failure)
+        return [None] * count
+
+    def _raised(self, name: str, error: Exception, kwargs: dict, probe: Callable | None) -> list[None]:
+        alone = _failing_alone(probe, kwargs) if probe is not None else []
+        rows = tuple(self.rows[i] for i in alone) or tuple(self.rows)
+        self.errors.append(error)
+        detail = " ".join(str(error).split())
+        detail = detail if len(detail) <= 300 else detail[:299] + "..."
+        failure = RewardFailure(name, f"raised {type(error).__name__}", detail, rows, bool(alone))
+        return self._fail(failure, len(kwargs["completions"]))
+
+    def _checked(self, name: str, values: Any, count: int) -> Any:
+        try:
+            values = list(values)
+        except TypeError:
+            what = f"returned a {type(values).__name__}, not {count} values"
+            return self._fail(RewardFailure(name, what, "", tuple(self.rows), False), count)
+        if len(values) != count:
+            what = f"returned {len(values)} values for {count} completions"
+            return self._fail(RewardFailure(name, what, "", tuple(self.rows), False), count)
+        for i, value in enumerate(values):
+            number = _as_number(value)
+            if isinstance(number, str):
+                return self._fail(RewardFailure(name, f"returned {number}", "", (self.rows[i],), True), count)
+            if number is not None and not math.isfinite(number):
+                self.nonfinite.setdefault(name, []).append(i)
+        return values
+
+
+def _as_number(value: Any) -> float | str | None:
+    """A reward value as TRL's tensor holds it: a float, None (no score), or why it is neither.
+
+    >>> _as_number(True), _as_number(None), _as_number(float("nan")), _as_number("1.0")
+    (1.0, None, nan, "'1.0' (str), not a number or None")
+    """
+    if value is None:
+        return None
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # 0-d tensors / numpy scalars
+        value = value.item()
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return f"{value!r:.60} ({type(value).__name__}), not a number or None"
+
+
+def _failing_alone(func: Callable, kwargs: dict) -> list[int]:
+    """The completions ``func`` raises on when called on each alone (every per-completion list cut to one entry)."""
+    count = len(kwargs["completions"])
+    failing = []
+    for i in range(count):
+        single = {k: v[i : i + 1] if isinstance(v, list) and len(v) == count else v for k, v in kwargs.items()}
+        single.update({k: _discard for k in ("log_extra", "log_metric") if k in single})
+        try:
+            func(**single)
+        except Exception:  # noqa: BLE001 - only which completions fail is wanted here
+            failing.append(i)
+    return failing
+
+
+def _discard(*args, **kwargs) -> None:
+    """Stands in for TRL's ``log_extra``/``log_metric`` when a reward is called again to find its failing rows."""
+
+
+def _batch_positions(count: int) -> list[str]:
+    return [f"batch row {i}" for i in range(count)]
+
+
 class GRPOHooks(GRPOTrainer):
     """``GRPOTrainer`` with TRL's private hooks overridden; a subclass fills in the public methods they call.
 
+    - ``row_names(inputs) -> names``: how messages name each row of a batch (the dataset row it came from);
     - ``prepare_batch(inputs) -> inputs``: the rows TRL then tokenizes, generates from and scores;
     - ``batch_scored(inputs)``: after TRL has scored a training batch (:meth:`newest_completions` reads it);
     - colocated vLLM gets each image's placeholder unexpanded (below).
+
+    Rewards are screened as TRL scores a batch (:meth:`screen_rewards`); a failure raises :class:`RewardFault`.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._batch_extra_columns: set[str] = set()
+        self._batch_rows: list[str] = []
+        self._nonfinite_said: set[str] = set()
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_extra_columns.clear()
+        self._batch_rows = self.row_names(inputs)
         output = super()._generate_and_score_completions(self.prepare_batch(inputs))
         if self.model.training:
             self.batch_scored(inputs)
@@ -73,6 +239,17 @@ class GRPOHooks(GRPOTrainer):
             token = self.processing_class.image_token_id
             prompt_ids = [collapse_runs(list(ids), token) for ids in prompt_ids]
         return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
+
+    def _calculate_rewards(self, inputs, *args, **kwargs):
+        rows = self._batch_rows if len(self._batch_rows) == len(inputs) else _batch_positions(len(inputs))
+        guard = RewardGuard(rows)
+        funcs = self.reward_funcs
+        self.reward_funcs = [guard.wrap(f, name) for f, name in zip(funcs, self.reward_func_names, strict=True)]
+        try:
+            rewards = super()._calculate_rewards(inputs, *args, **kwargs)  # (completions of every rank, rewards)
+        finally:
+            self.reward_funcs = funcs
+        return self.screen_rewards(rewards, guard)
 
     def _log_completion_extra(self, column: str, values: list):
         self._batch_extra_columns.add(column)
@@ -90,6 +267,9 @@ class GRPOHooks(GRPOTrainer):
         finally:
             self._logs["prompt"] = prompts
 
+    def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
+        return _batch_positions(len(inputs))
+
     def prepare_batch(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return inputs
 
@@ -97,6 +277,51 @@ class GRPOHooks(GRPOTrainer):
         """Called on every rank after a training batch is scored."""
 
     # --- reading and setting TRL's state -------------------------------------------------------------------------
+
+    def screen_rewards(self, rewards: torch.Tensor, guard: RewardGuard) -> torch.Tensor:
+        """What TRL goes on with after scoring a batch; ``rewards`` (completions of every rank, rewards) is the same
+        on every rank, and so is every decision here.
+
+        Stops on a failed reward call (any rank's); logs ``rewards/<name>/nonfinite_frac`` (None, NaN or inf) for each
+        reward; in training, stops when no weighted reward scored any completion (TRL would train on advantages of
+        0: loss 0, no warning); hands TRL inf as NaN, which it skips like None (inf would turn its group's
+        advantages into NaN).
+        """
+        training = self.model.training
+        where = f"step {self.state.global_step + 1}" if training else f"evaluation after step {self.state.global_step}"
+        failures = gather_object(guard.failures)
+        if failures:
+            more = f" (and {len(failures) - 1} more failed reward call(s))" if len(failures) > 1 else ""
+            raise RewardFault(failures[0].message(where) + more) from (guard.errors[0] if guard.errors else None)
+        self._say_nonfinite(guard, where)
+        finite = torch.isfinite(rewards)  # (N, R)
+        for i, name in enumerate(self.reward_func_names):
+            self._log_metric(f"rewards/{name}/nonfinite_frac", 1.0 - finite[:, i].float().mean().item())
+        weighted = [i for i, weight in enumerate(self.reward_weights.tolist()) if weight != 0]
+        if training and weighted and not finite[:, weighted].any():
+            names = ", ".join(repr(self.reward_func_names[i]) for i in weighted)
+            raise RewardFault(
+                f"no reward scored any completion at {where}: {names} gave None, nan or inf for all {len(rewards)} "
+                "completions, so the step would train on nothing (loss 0)"
+            )
+        return rewards.masked_fill(~finite, float("nan"))
+
+    def _say_nonfinite(self, guard: RewardGuard, where: str) -> None:
+        for name, positions in guard.nonfinite.items():
+            if name not in self._nonfinite_said:
+                self._nonfinite_said.add(name)
+                logger.warning(
+                    "reward %r returned nan or inf for %d of %d completions at %s (first: %s); such values are "
+                    "skipped like None and counted in rewards/%s/nonfinite_frac (said once per reward)",
+                    name, len(positions), len(guard.rows), where, guard.rows[positions[0]], name,
+                )  # fmt: skip
+
+    def save_checkpoint(self) -> None:
+        """Save ``checkpoint-{global_step}`` now, as the Trainer does at a save step: ``_save_checkpoint`` (model,
+        optimizer, scheduler, RNG, trainer state; then the ``save_total_limit`` rotation), then the ``on_save``
+        callbacks (suzak's completion marker among them). Every rank calls it."""
+        self._save_checkpoint(self.model_wrapped, trial=None)
+        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def newest_completions(self, image_refs: Sequence[str], step: int) -> list[dict]:
         """Rows of the batch just scored (TRL gathers ``_logs`` over ranks, in rank order; so must ``image_refs``)."""

@@ -35,14 +35,16 @@ __all__ = [
     "CheckpointMarkerCallback",
     "CompletionsCSVCallback",
     "MetricsCSVCallback",
+    "ROW_ID_COLUMNS",
     "add_run_callbacks",
     "image_reference",
+    "row_id",
 ]
 
 logger = logging.getLogger(__name__)
 
-# Row columns that name an image better than a hash of its pixels, in order of preference.
-_IMAGE_ID_COLUMNS = ("image_path", "image_id", "index", "line", "id")
+# Row columns that name a dataset row (and its image, better than a hash of the pixels), in order of preference.
+ROW_ID_COLUMNS = ("image_path", "image_id", "index", "line", "id")
 
 
 class CSVStream:
@@ -228,8 +230,21 @@ def image_reference(row: Mapping[str, Any]) -> str:
     >>> image_reference({"image": Image.new("RGB", (2, 2))}), image_reference({"problem": "text only"})
     ('sha1:6a2aac554758', '')
     """
-    for column in _IMAGE_ID_COLUMNS:
+    found = row_id(row)
+    if found is not None:
+        column, value = found
+        return str(value) if column == "image_path" else f"{column}:{value}"
+    return ";".join(_image_hash(img) for img in images_of(row))
+
+
+def row_id(row: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The first of :data:`ROW_ID_COLUMNS` a row has a value in, as (column, value); None when it has none.
+
+    >>> row_id({"line": 14, "problem": "..."}), row_id({"problem": "..."})
+    (('line', 14), None)
+    """
+    for column in ROW_ID_COLUMNS:
         value = row.get(column)
         if value is not None and value != "":
-            return str(value) if column == "image_path" else f"{column}:{value}"
-    return ";".join(_image_hash(img) for img in images_of(row))
+            return column, value
+    return None
