@@ -32,8 +32,12 @@ def test_recipe_then_cli_overrides():
 
 
 def test_json_dataset_options_on_the_cli():
+    """--dataset_options updates the recipe's options for its own dataset key by key: the recipe's seed stays."""
     suzak_args, _, _ = parse_args(["--config", SMOKE, "--dataset_options", '{"num_rows": 5}'])
-    assert suzak_args.dataset_options == {"num_rows": 5}
+    assert suzak_args.dataset_options == {"num_rows": 5, "seed": 0, "min_objects": 3, "max_objects": 6}
+    suzak_args, _, _ = parse_args(["--config", SMOKE, "--dataset_options={\"seed\": 3}", "--dataset_name",
+                                   "clevr_synthetic"])  # fmt: skip
+    assert suzak_args.dataset_options == {"num_rows": 64, "seed": 3, "min_objects": 3, "max_objects": 6}
     with pytest.raises(SuzakError, match="JSON object"):
         parse_args(["--config", SMOKE, "--dataset_options", "{num_rows"])
 

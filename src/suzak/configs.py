@@ -43,7 +43,9 @@ class SuzakArguments:
     dataset_options: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Options for the builder (YAML mapping, or JSON on the CLI), e.g. {num_rows: 2000, seed: 0}."
+            "help": "Options for the builder (YAML mapping, or JSON on the CLI), e.g. {num_rows: 2000, seed: 0}. "
+            "On the CLI they update the recipe's options for the recipe's own dataset key by key; another dataset "
+            "gets only the CLI's."
         },
     )
     max_train_rows: int | None = field(default=None, metadata={"help": "Keep only the first N rows (after shuffling)."})
@@ -298,20 +300,28 @@ def _parse(config_class, argv: list[str] | None):
         raise SuzakError(f"invalid settings: {_one_line(error)}") from None
     if model_args.model_name_or_path is None:
         raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
-    _drop_recipe_options_of_another_dataset(suzak_args, recipe, flags)
+    _recipe_dataset_options(suzak_args, recipe, flags)
     return suzak_args, config, model_args
 
 
-def _drop_recipe_options_of_another_dataset(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
-    """The recipe's ``dataset_options`` belong to the recipe's ``dataset_name``: when DATASET or ``--dataset_name``
-    picks another dataset and no ``--dataset_options`` are given, they are not applied to it (the new builder would
-    reject them, or worse, take them)."""
-    if not recipe or any(a == "--dataset_options" or a.startswith("--dataset_options=") for a in flags):
+def _recipe_dataset_options(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
+    """The recipe's ``dataset_options`` belong to the recipe's ``dataset_name``.
+
+    When DATASET or ``--dataset_name`` picks another dataset, they are not applied to it (the new builder would reject
+    them, or worse, take them). For the recipe's own dataset, ``--dataset_options`` updates the recipe's mapping key
+    by key (``'{"num_rows": 5}'`` keeps the recipe's seed) instead of replacing it.
+    """
+    own, mine = recipe.get("dataset_name"), recipe.get("dataset_options")
+    same_dataset = own is None or own == suzak_args.dataset_name
+    if not isinstance(mine, dict) or not mine:
         return
-    own = recipe.get("dataset_name")
-    if own is not None and own != suzak_args.dataset_name and suzak_args.dataset_options:
+    if any(a == "--dataset_options" or a.startswith("--dataset_options=") for a in flags):
+        if same_dataset and isinstance(suzak_args.dataset_options, dict):
+            suzak_args.dataset_options = {**mine, **suzak_args.dataset_options}
+        return
+    if not same_dataset:
         logger.info("dataset_name %s replaces the recipe's %s: the recipe's dataset_options %s are not applied",
-                    suzak_args.dataset_name, own, suzak_args.dataset_options)  # fmt: skip
+                    suzak_args.dataset_name, own, mine)  # fmt: skip
         suzak_args.dataset_options = None
 
 
