@@ -31,6 +31,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import datasets
+    from transformers import AutoConfig
 
     from suzak.checks import validate_rows
     from suzak.data.builders import clevr_synthetic
@@ -43,7 +44,8 @@ def main() -> None:
     datasets.disable_caching()  # time the validation itself, not a cached result
     num_proc = args.num_proc or os.cpu_count()
     start = time.perf_counter()
-    problems = validate_rows(dataset, PixelBudget(), {"clevr_count": gold_parser(clevr_count)}, num_proc=num_proc)
+    budget = PixelBudget().for_model(AutoConfig.for_model("qwen2_5_vl"))  # Qwen2.5-VL's patch grid, as R1-V's runs
+    problems = validate_rows(dataset, budget, {"clevr_count": gold_parser(clevr_count)}, num_proc=num_proc)
     seconds = time.perf_counter() - start
     epoch = args.rows * H100_S_PER_PROMPT
     row = {"rows": args.rows, "num_proc": num_proc, "cpus": os.cpu_count(), "seconds": round(seconds, 1),

@@ -16,7 +16,7 @@ from suzak.eval.tasks import TASKS, get_task, score
 from suzak.prompts import build_conversation, render_prompt
 from suzak.vision import PixelBudget
 
-BUDGET = PixelBudget(3136, 100352)
+BUDGET = PixelBudget(3136, 100352, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 SIZES = [(640, 480), (320, 240), (100, 700), (50, 50), (480, 640)]  # (w, h)
 
 
@@ -178,7 +178,7 @@ def test_vllm_engine_with_a_fake_llm(tiny_model_dir, eval_fixture_dir, tmp_path)
                         prompt_path=str(eval_fixture_dir / task.prompt_path), image_root=str(eval_fixture_dir),
                         output_path=str(tmp_path / "vllm.json"), min_pixels=3136, max_pixels=200704, progress=False)  # fmt: skip
     items, _ = prepare_items(config, task)
-    budget = PixelBudget(3136, 200704)
+    budget = PixelBudget(3136, 200704, factor=28)
     engine = build_engine(config, task, budget, items, vllm_module=fake_vllm_module())
     FakeLLM.instances.clear()
     golds = [item.gold for item in items]

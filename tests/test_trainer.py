@@ -16,7 +16,7 @@ from suzak.prompts import build_conversation, render_prompt
 from suzak.trainer import VLMGRPOTrainer
 from suzak.vision import PixelBudget, fit_row_images
 
-BUDGET = PixelBudget(3136, 50176)
+BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 SIZES = [(320, 240), (100, 700), (640, 200), (50, 50), (200, 90), (90, 300), (400, 400), (150, 60)]  # (w, h)
 
 
@@ -66,7 +66,8 @@ class AlignmentCheck:
 
 
 class TokenCountingTrainer(VLMGRPOTrainer):
-    """Records, per prompt, the image tokens TRL fed the model and the budget's prediction from the raw images."""
+    """Records, per prompt, the image tokens TRL fed the model and the trainer's budget's prediction (the model's
+    patch factor) from the raw images."""
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
@@ -75,7 +76,7 @@ class TokenCountingTrainer(VLMGRPOTrainer):
         expected = []
         for row in inputs:
             images = row.get("images") or ([row["image"]] if row.get("image") is not None else [])
-            expected.append(sum(BUDGET.tokens(img.height, img.width) for img in images))
+            expected.append(sum(self.pixel_budget.tokens(img.height, img.width) for img in images))
         self.token_checks = getattr(self, "token_checks", []) + [(counts, expected)]
         return out
 
@@ -90,7 +91,8 @@ def make_args(tmp_path, **overrides) -> GRPOConfig:
     return GRPOConfig(**(values | overrides))
 
 
-def make_trainer(tiny_model_dir, tmp_path, dataset, rewards, cls=VLMGRPOTrainer, model_overrides=None, **args):
+def make_trainer(tiny_model_dir, tmp_path, dataset, rewards, cls=VLMGRPOTrainer, model_overrides=None, budget=BUDGET,
+                 **args):  # fmt: skip
     model_args = ModelConfig(model_name_or_path=str(tiny_model_dir), **(model_overrides or {}))
     grpo_args = make_args(tmp_path, **args)
     model, processor = load_model_and_processor(model_args, grpo_args)
@@ -101,7 +103,7 @@ def make_trainer(tiny_model_dir, tmp_path, dataset, rewards, cls=VLMGRPOTrainer,
         peft_config = get_peft_config(model_args)
     return cls(
         model=model, reward_funcs=rewards, args=grpo_args, train_dataset=dataset, processing_class=processor,
-        pixel_budget=BUDGET, peft_config=peft_config,
+        pixel_budget=budget, peft_config=peft_config,
     )  # fmt: skip
 
 
@@ -131,7 +133,9 @@ def test_copies_of_one_image_in_a_batch_are_resized_once(monkeypatch):
 
     calls = []
     original = suzak.vision.fit_image
-    monkeypatch.setattr(suzak.vision, "fit_image", lambda image, *a: calls.append(image.size) or original(image, *a))
+    monkeypatch.setattr(
+        suzak.vision, "fit_image", lambda image, *a, **k: calls.append(image.size) or original(image, *a, **k)
+    )
     copies = [_image(3, (320, 240)) for _ in range(8)] + [_image(4, (320, 240))]  # equal content, distinct objects
     memo: dict = {}
     fitted = [fit_row_images({"image": img}, BUDGET, memo)["image"] for img in copies]

@@ -18,7 +18,7 @@ from suzak.data import build_dataset
 from suzak.rewards import clevr_count, gold_parser, resolve_reward
 from suzak.vision import PixelBudget
 
-BUDGET = PixelBudget(3136, 50176)
+BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 PARSERS = {"clevr_count": gold_parser(clevr_count)}
 
 

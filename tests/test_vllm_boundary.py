@@ -26,8 +26,8 @@ from suzak.vision import PixelBudget, collapse_runs, configure_processor, pad_le
 vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path only")
 
 SIZES = [(320, 240), (480, 320), (640, 480), (1000, 1000), (100, 700), (700, 100), (50, 50), (2000, 1500)]  # (w, h)
-INSIDE = PixelBudget(3136, 401408)  # the tiny model's saved processor bounds
-OUTSIDE = PixelBudget(3136, 1003520)  # reaches past them
+INSIDE = PixelBudget(3136, 401408, factor=28)  # the tiny model's saved processor bounds
+OUTSIDE = PixelBudget(3136, 1003520, factor=28)  # reaches past them
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from suzak.trainer import VLMGRPOTrainer
 from suzak.vision import PixelBudget, vision_token_ids
 from test_trainer import SIZES, image_dataset, length_reward
 
-BUDGET = PixelBudget(3136, 50176)
+BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 
 
 class FakeVLLMGeneration:

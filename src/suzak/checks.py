@@ -177,6 +177,7 @@ def precheck(
     Prompt length = text tokens of the chat-templated prompt (one placeholder per image) + visual tokens.
     Returns ``{"rows", "visual_tokens": {min, mean, max}, "prompt_tokens": {min, mean, max}, "too_long"}``.
     """
+    budget = budget.for_model(processing_class)  # the visual tokens of this model's patch grid
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     n = len(dataset) if num_rows is None else min(num_rows, len(dataset))
     visual, prompt_lengths, too_long = [], [], []
@@ -245,6 +246,8 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
     import datasets
 
     image_columns = [c for c in ("image", "images") if c in dataset.column_names]
+    if image_columns and budget.factor is None:
+        raise ValueError("validate_rows sizes images for a model: pass PixelBudget.for_model(processor or config)")
     columns = image_columns + [c for c in ("solution", "line", "image_path") if c in dataset.column_names]
     raw = dataset.select_columns(columns)
     for column in image_columns:

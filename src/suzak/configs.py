@@ -23,7 +23,7 @@ from pathlib import Path
 
 from suzak import SuzakError
 from suzak.prompts import DEFAULT_TEMPLATE
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, FACTOR
+from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, family_factors
 
 __all__ = ["SuzakArguments", "closest", "full_argv", "parse_args", "parse_sft_args"]
 
@@ -56,13 +56,15 @@ class SuzakArguments:
     min_pixels: int = field(
         default=DEFAULT_MIN_PIXELS,
         metadata={
-            "help": f"Pixel budget lower bound ({DEFAULT_MIN_PIXELS} = {DEFAULT_MIN_PIXELS // 784} visual tokens)."
+            "help": f"Pixel budget lower bound ({DEFAULT_MIN_PIXELS} pixels = {DEFAULT_MIN_PIXELS // 784} visual tokens of "
+            f"28x28 pixels for Qwen2-VL/Qwen2.5-VL, {DEFAULT_MIN_PIXELS // 1024} of 32x32 for Qwen3-VL/Qwen3.5: the "
+            "model's patch size x merge size, read from its processor)."
         },
     )
     max_pixels: int = field(
         default=DEFAULT_MAX_PIXELS,
         metadata={"help": f"Pixel budget upper bound; {DEFAULT_MAX_PIXELS} = {DEFAULT_MAX_PIXELS // 784} visual tokens "
-                          "(R1-V's CLEVR run)."},
+                          f"of 28x28 pixels, {DEFAULT_MAX_PIXELS // 1024} of 32x32 (R1-V's CLEVR run)."},
     )  # fmt: skip
     rewards: list[str] = field(
         default_factory=lambda: ["clevr_count", "think_format"],
@@ -103,9 +105,12 @@ class SuzakArguments:
                     setattr(self, name, json.loads(value))
                 except json.JSONDecodeError as error:
                     raise SuzakError(f"--{name} must be a JSON object: {error.msg}") from None
-        one_token = FACTOR * FACTOR
+        # The model is not loaded yet: below the smallest token of every supported family is wrong for any model
+        # (PixelBudget.for_model checks the model's own factor once its processor is loaded).
+        factor = min(family_factors().values())
+        one_token = factor * factor
         if self.max_pixels < one_token:  # checked first: a small min_pixels must not hide it
-            raise SuzakError(f"max_pixels {self.max_pixels} is below one visual token ({FACTOR}x{FACTOR} = {one_token} "
+            raise SuzakError(f"max_pixels {self.max_pixels} is below one visual token ({factor}x{factor} = {one_token} "
                              f"pixels): set max_pixels to at least {one_token} (default {DEFAULT_MAX_PIXELS})")  # fmt: skip
         if self.min_pixels < 1:
             raise SuzakError(f"min_pixels {self.min_pixels} must be at least 1 (default {DEFAULT_MIN_PIXELS})")

@@ -59,15 +59,16 @@ def resolve_resume(train_args) -> str | None:
 SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic")  # row i depends on (seed, start + i) alone
 
 
-def build_datasets(suzak_args, train_args):
-    """(train dataset, held-out rows or None), every row validated before step 1. Held-out rows are never trained on."""
+def build_datasets(suzak_args, train_args, budget):
+    """(train dataset, held-out rows or None), every row validated before step 1 against ``budget`` (the model's:
+    :func:`suzak.models.loading.model_budget`). Held-out rows are never trained on."""
     import inspect
 
     from suzak.data import DATASETS, build_dataset
 
     options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
-    dataset = validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args)
+    dataset = validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, budget)
     heldout = None
     if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
         builder = DATASETS[suzak_args.dataset_name]
@@ -85,21 +86,25 @@ def build_datasets(suzak_args, train_args):
     return dataset, heldout
 
 
-def validated(dataset, suzak_args, train_args):
+def validated(dataset, suzak_args, train_args, budget):
     """``dataset`` once every row passes :func:`suzak.checks.validate_rows`; else one line naming the first bad row,
-    or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``)."""
+    or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
+    text-only model (a budget without a patch factor) are one line too."""
     import json
     import time
 
     from suzak.checks import validate_rows
     from suzak.rewards import gold_parser, resolve_rewards
-    from suzak.vision import PixelBudget
 
+    image_columns = [c for c in ("image", "images") if c in dataset.column_names]
+    if image_columns and budget.factor is None:
+        raise SuzakError(f"dataset {suzak_args.dataset_name} has images (column {image_columns[0]}) but the model has "
+                         "no vision tower: use a vision-language model, or a text dataset")  # fmt: skip
     rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
     parsers = {getattr(r, "__name__", type(r).__name__): p for r in rewards if (p := gold_parser(r)) is not None}
     start = time.monotonic()
     with train_args.main_process_first(desc="dataset validation"):  # the other ranks then read datasets' cache
-        problems = validate_rows(dataset, PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels), parsers)
+        problems = validate_rows(dataset, budget, parsers)
     logger.info("validated %d rows (images decoded and fitted, gold answers read by %s) in %.1f s", len(dataset),
                 ", ".join(parsers) or "no reward", time.monotonic() - start)  # fmt: skip
     if not problems:

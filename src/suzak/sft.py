@@ -73,17 +73,18 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     """The configured TRL ``SFTTrainer``: images fitted to the budget, completion-only loss, optional eval callback."""
     from trl import SFTTrainer, get_peft_config
 
-    from suzak.models.loading import freeze_vision_tower, load_model_and_processor
-    from suzak.vision import PixelBudget, configure_processor, fit_row_images
+    from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
+    from suzak.vision import configure_processor, fit_row_images
 
-    budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels)
+    budget = model_budget(model_args, suzak_args.min_pixels, suzak_args.max_pixels)  # the model's patch factor
     template = get_template(suzak_args.prompt_template)
-    dataset, heldout = build_datasets(suzak_args, sft_args)
+    dataset, heldout = build_datasets(suzak_args, sft_args, budget)
     dataset = to_sft_dataset(dataset, template.answer_format)
     if "image" in dataset.column_names or "images" in dataset.column_names:
         dataset = dataset.map(lambda row: fit_row_images(row, budget), desc="fit images")
     sft_args.completion_only_loss = True
     model, processing_class = load_model_and_processor(model_args, sft_args)
+    budget = budget.for_model(processing_class)  # the loader checked that processor and config agree
     configure_processor(processing_class, budget)
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)

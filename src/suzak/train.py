@@ -20,21 +20,20 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     """The configured :class:`VLMGRPOTrainer` (model, processor, rewards, data, budget, LoRA)."""
     from trl import get_peft_config
 
-    from suzak.models.loading import freeze_vision_tower, load_model_and_processor
+    from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
     from suzak.prompts import get_template
     from suzak.rewards import resolve_rewards
     from suzak.trainer import VLMGRPOTrainer
-    from suzak.vision import PixelBudget
 
     template = get_template(suzak_args.prompt_template)
     reward_funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+    budget = model_budget(model_args, suzak_args.min_pixels, suzak_args.max_pixels)  # the model's patch factor
     heldout = None
     if train_dataset is None:
-        train_dataset, heldout = build_datasets(suzak_args, grpo_args)
+        train_dataset, heldout = build_datasets(suzak_args, grpo_args, budget)
     model, processing_class = load_model_and_processor(model_args, grpo_args)
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
-    budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels)
     trainer = VLMGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -47,7 +46,8 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         preflight_rows=suzak_args.preflight_rows,
         **trainer_kwargs,
     )
-    session.add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class, budget))
+    session.add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class,
+                                                   trainer.pixel_budget))  # fmt: skip
     return trainer
 
 

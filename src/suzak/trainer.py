@@ -13,9 +13,11 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
   (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`) stops it after a
   checkpoint of the last completed step, so ``--resume_from_checkpoint latest`` continues from there.
 
-The processor gets the budget's bounds, so it never resizes a fitted image again, and pads on the left. Generation
-(HF or vLLM) never samples a vision placeholder token (:data:`suzak.vision.VISION_PLACEHOLDERS`, the ids the
-evaluation engines suppress too); with colocated vLLM, prompts reach vLLM with one placeholder per image.
+The budget takes the model's patch factor from the processor (:meth:`suzak.vision.PixelBudget.for_model`: 28 pixels
+per visual token for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL/Qwen3.5). The processor gets the budget's bounds, so it
+never resizes a fitted image again, and pads on the left. Generation (HF or vLLM) never samples a vision placeholder
+token (:data:`suzak.vision.VISION_PLACEHOLDERS`, the ids the evaluation engines suppress too); with colocated vLLM,
+prompts reach vLLM with one placeholder per image.
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ def row_name(row: dict[str, Any]) -> str:
 
 
 class VLMGRPOTrainer(GRPOHooks):
-    """GRPOTrainer for Qwen2-VL/Qwen2.5-VL (and text models) with one pixel budget for every image path.
+    """GRPOTrainer for the Qwen VL families (and text models) with one pixel budget for every image path.
 
     Extra arguments (all keyword-only):
-        pixel_budget: min/max pixels applied to every image; defaults to :class:`suzak.vision.PixelBudget`'s.
+        pixel_budget: min/max pixels applied to every image; defaults to :class:`suzak.vision.PixelBudget`'s. Its
+            factor is the processor's.
         answer_format: the answer format the prompts ask for (``suzak.prompts.ANSWER_FORMATS``); enables the
             reward pre-flight. ``None`` skips it.
         preflight_rows: rows the pre-flight checks.
@@ -89,7 +92,7 @@ class VLMGRPOTrainer(GRPOHooks):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        self.pixel_budget = pixel_budget or PixelBudget()
+        self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
         self.answer_format = answer_format
         self.preflight_rows = preflight_rows
         self.precheck_rows = precheck_rows

@@ -1,93 +1,233 @@
 """The pixel budget: one min/max-pixels setting applied identically to training, vLLM generation and evaluation.
 
-Qwen2.5-VL sees an image as (h/28)·(w/28) visual tokens after ``smart_resize``. If the HF processor, vLLM and the
-eval script each resize on their own settings, the prompt's image tokens and the image features disagree ("image
-features and image tokens do not match", TRL #6401/#6294/#4488). suzak instead resizes every image once with
-:func:`fit_image`, before any processor sees it, and configures processors with the same bounds so they never
-resize again.
+A Qwen VL model sees an image as (h/f)·(w/f) visual tokens after ``smart_resize``, where the factor f is its patch
+size times its spatial merge size: 14 × 2 = 28 for Qwen2-VL and Qwen2.5-VL, 16 × 2 = 32 for Qwen3-VL and Qwen3.5.
+The factor is read from the model (:func:`patch_factor`: its processor or config), never assumed. If the HF
+processor, vLLM and the eval script each resize on their own settings, the prompt's image tokens and the image
+features disagree ("image features and image tokens do not match", TRL #6401/#6294/#4488). suzak instead resizes
+every image once with :func:`fit_image`, before any processor sees it, and configures processors with the same
+bounds so they never resize again.
 
->>> smart_resize(240, 320, min_pixels=3136, max_pixels=401408)  # a CLEVR render
+>>> smart_resize(240, 320, min_pixels=3136, max_pixels=401408, factor=28)  # a CLEVR render, Qwen2.5-VL
 (252, 308)
->>> visual_tokens(240, 320, min_pixels=3136, max_pixels=401408)
+>>> visual_tokens(240, 320, min_pixels=3136, max_pixels=401408, factor=28)
 99
->>> visual_tokens(480, 640, min_pixels=3136, max_pixels=401408)  # a SuperCLEVR render
+>>> visual_tokens(480, 640, min_pixels=3136, max_pixels=401408, factor=28)  # a SuperCLEVR render
 391
+>>> visual_tokens(480, 640, min_pixels=3136, max_pixels=401408, factor=32)  # the same render, Qwen3-VL
+300
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
 from PIL import Image
 from qwen_vl_utils import smart_resize as _qwen_smart_resize
 
+from suzak import SuzakError
+
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
-    "FACTOR",
+    "FAMILIES",
     "MAX_ASPECT_RATIO",
     "VISION_PLACEHOLDERS",
     "PixelBudget",
     "collapse_runs",
     "configure_processor",
+    "family_factors",
     "fit_image",
     "fit_row_images",
     "images_of",
     "map_row_images",
     "pad_left",
+    "patch_factor",
     "processor_bounds",
     "ratio_padded_size",
     "prompt_tokens",
     "smart_resize",
     "to_rgb",
+    "vision_family",
     "vision_token_ids",
     "visual_tokens",
 ]
 
 logger = logging.getLogger(__name__)
 
-FACTOR = 28  # patch 14 × spatial merge 2: one visual token per 28×28 pixels (Qwen2-VL and Qwen2.5-VL)
-DEFAULT_MIN_PIXELS = 3136  # 4 tokens
-DEFAULT_MAX_PIXELS = 401408  # 512 tokens, R1-V's CLEVR setting
+DEFAULT_MIN_PIXELS = 3136  # 4 tokens of 28×28 pixels (Qwen2-VL, Qwen2.5-VL), 3 of 32×32 (Qwen3-VL, Qwen3.5)
+DEFAULT_MAX_PIXELS = 401408  # R1-V's CLEVR setting: 512 tokens of 28×28 pixels, 392 of 32×32
 MAX_ASPECT_RATIO = 200  # qwen-vl-utils' and transformers' smart_resize refuse longer sides beyond 200x the shorter
 
-# Qwen2-VL / Qwen2.5-VL tokens that stand for pixels in a prompt: a policy must never generate them (a sampled
-# <|image_pad|> has no image feature, and the training forward fails on the mismatch).
+# The vision-language families whose images suzak sizes: transformers' model_type -> name. Each resizes images to
+# multiples of patch size × spatial merge size with smart_resize; the MoE variants share their family's vision tower
+# and processor.
+FAMILIES = {
+    "qwen2_vl": "Qwen2-VL",
+    "qwen2_5_vl": "Qwen2.5-VL",
+    "qwen3_vl": "Qwen3-VL",
+    "qwen3_vl_moe": "Qwen3-VL MoE",
+    "qwen3_5": "Qwen3.5",
+    "qwen3_5_moe": "Qwen3.5 MoE",
+}
+
+# Tokens that stand for pixels in a prompt, the same five in every family above: a policy must never generate them
+# (a sampled <|image_pad|> has no image feature, and the training forward fails on the mismatch).
 VISION_PLACEHOLDERS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
+
+
+def _supported() -> str:
+    return ", ".join(f"{model_type} ({name})" for model_type, name in FAMILIES.items())
+
+
+def vision_family(config: Any) -> str | None:
+    """The family name of a model config (``FAMILIES``); None for a text-only model.
+
+    A vision-language model of another family is one :class:`~suzak.SuzakError` line: its images would be sized on
+    a patch grid suzak cannot vouch for.
+
+    >>> from transformers import AutoConfig
+    >>> vision_family(AutoConfig.for_model("qwen3_vl")), vision_family(AutoConfig.for_model("qwen2"))
+    ('Qwen3-VL', None)
+    >>> vision_family(AutoConfig.for_model("llava"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: model type 'llava' is a vision-language model of a family suzak does not support...
+    """
+    model_type = getattr(config, "model_type", None)
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    if getattr(config, "vision_config", None) is None:
+        return None
+    raise SuzakError(
+        f"model type {model_type!r} is a vision-language model of a family suzak does not support: its pixel budget "
+        f"and visual-token counts are those of the Qwen VL families {_supported()}"
+    )
+
+
+def _side(size: Any) -> int:
+    """A patch size as one int (configs may hold ``[h, w]``); suzak's budget needs square patches."""
+    if isinstance(size, (list, tuple)):
+        if len(set(size)) != 1:
+            raise SuzakError(f"patch size {list(size)} is not square: suzak's pixel budget needs square patches")
+        size = size[0]
+    return int(size)
+
+
+def patch_factor(source: Any) -> int | None:
+    """Pixels per visual token along each side (patch size × spatial merge size), read from the model itself.
+
+    ``source``: a processor (its ``image_processor``), an image processor (``patch_size``, ``merge_size``), a model
+    config (``vision_config.patch_size``, ``vision_config.spatial_merge_size``; its family is checked with
+    :func:`vision_family`) or a model (its config). None for a text-only model or tokenizer.
+
+    >>> from transformers import AutoConfig
+    >>> patch_factor(AutoConfig.for_model("qwen2_5_vl")), patch_factor(AutoConfig.for_model("qwen3_5"))
+    (28, 32)
+    """
+    config = getattr(source, "config", None)
+    if hasattr(config, "model_type"):  # a model
+        source = config
+    if hasattr(source, "model_type") and hasattr(source, "to_dict"):  # a config
+        if vision_family(source) is None:
+            return None
+        vision = source.vision_config
+        return _side(vision.patch_size) * int(vision.spatial_merge_size)
+    image_processor = getattr(source, "image_processor", None)
+    if image_processor is None and not hasattr(source, "patch_size"):
+        return None  # a tokenizer: no images
+    image_processor = image_processor or source
+    patch, merge = getattr(image_processor, "patch_size", None), getattr(image_processor, "merge_size", None)
+    if not patch or not merge:
+        raise SuzakError(
+            f"{type(image_processor).__name__} has no patch_size and merge_size: suzak sizes images for the Qwen VL "
+            f"processors only ({_supported()})"
+        )
+    return _side(patch) * int(merge)
+
+
+@cache
+def family_factors() -> dict[str, int]:
+    """Each supported model type's factor as transformers' config class defines it (its published checkpoints').
+
+    >>> family_factors()["qwen2_vl"], family_factors()["qwen3_vl"]
+    (28, 32)
+    """
+    from transformers import AutoConfig
+
+    return {model_type: patch_factor(AutoConfig.for_model(model_type)) for model_type in FAMILIES}
 
 
 @dataclass(frozen=True)
 class PixelBudget:
-    """The min/max pixels every image is fitted to."""
+    """The min/max pixels every image is fitted to, and the model's pixels per visual token along a side.
+
+    ``factor`` (patch size × spatial merge size) belongs to the model: :meth:`for_model` sets it from the model's
+    processor or config (:func:`patch_factor`). A budget without one cannot size an image: sizing for a guessed
+    factor is how a Qwen3-VL run would silently get Qwen2-VL's token counts.
+
+    >>> from transformers import AutoConfig
+    >>> budget = PixelBudget(3136, 401408)
+    >>> [budget.for_model(AutoConfig.for_model(t)).tokens(240, 320) for t in ("qwen2_5_vl", "qwen3_vl")]  # a CLEVR render
+    [99, 80]
+    """
 
     min_pixels: int = DEFAULT_MIN_PIXELS
     max_pixels: int = DEFAULT_MAX_PIXELS
+    factor: int | None = None
 
     def __post_init__(self):
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(f"need 0 < min_pixels <= max_pixels, got {self.min_pixels} and {self.max_pixels}")
-        if self.max_pixels < FACTOR * FACTOR:
-            raise ValueError(f"max_pixels {self.max_pixels} is below one visual token ({FACTOR * FACTOR} pixels)")
+        if self.factor is not None and self.max_pixels < self.factor * self.factor:
+            raise ValueError(f"max_pixels {self.max_pixels} is below one visual token ({self.factor}x{self.factor} = "
+                             f"{self.factor * self.factor} pixels)")  # fmt: skip
+
+    def for_model(self, source: Any) -> PixelBudget:
+        """This budget with the factor of the model behind ``source`` (processor, config or model; see
+        :func:`patch_factor`). Unchanged for a text-only model, which sees no images.
+
+        A budget already bound to another factor (a processor that disagrees with its model's config), or whose
+        max_pixels is below one of the model's visual tokens, is one :class:`~suzak.SuzakError` line.
+        """
+        factor = patch_factor(source)
+        if factor is None or factor == self.factor:
+            return self
+        if self.factor is not None:
+            raise SuzakError(f"the pixel budget was set for {self.factor}x{self.factor}-pixel visual tokens but "
+                             f"{_name(source)} makes {factor}x{factor}: the processor and the model disagree")  # fmt: skip
+        if self.max_pixels < factor * factor:
+            raise SuzakError(f"max_pixels {self.max_pixels} is below one visual token of this model ({factor}x{factor}"
+                             f" = {factor * factor} pixels): set max_pixels to at least {factor * factor}")  # fmt: skip
+        return dataclasses.replace(self, factor=factor)
+
+    def _factor(self) -> int:
+        if self.factor is None:
+            raise ValueError("this pixel budget has no patch factor yet: PixelBudget.for_model(processor) sets the "
+                             "model's")  # fmt: skip
+        return self.factor
 
     def size(self, height: int, width: int) -> tuple[int, int]:
-        return smart_resize(height, width, self.min_pixels, self.max_pixels)
+        return smart_resize(height, width, self.min_pixels, self.max_pixels, factor=self._factor())
 
     def tokens(self, height: int, width: int) -> int:
-        return visual_tokens(height, width, self.min_pixels, self.max_pixels)
+        return visual_tokens(height, width, self.min_pixels, self.max_pixels, factor=self._factor())
 
     def fit(self, image: Image.Image) -> Image.Image:
-        return fit_image(image, self.min_pixels, self.max_pixels)
+        return fit_image(image, self.min_pixels, self.max_pixels, factor=self._factor())
 
     def within(self, min_pixels: int, max_pixels: int) -> bool:
         """True when a processor resizing into [min_pixels, max_pixels] leaves every fitted image as it is.
 
-        A fitted image's area lies in [self.min_pixels, self.max_pixels] and its sides are multiples of 28, so
-        another ``smart_resize`` keeps it exactly when those bounds contain the budget's.
+        A fitted image's area lies in [self.min_pixels, self.max_pixels] and its sides are multiples of the factor,
+        so another ``smart_resize`` with that factor keeps it exactly when those bounds contain the budget's.
 
         >>> PixelBudget(3136, 401408).within(3136, 12845056), PixelBudget(3136, 1003520).within(3136, 401408)
         (True, False)
@@ -95,22 +235,27 @@ class PixelBudget:
         return min_pixels <= self.min_pixels and self.max_pixels <= max_pixels
 
 
+def _name(source: Any) -> str:
+    return type(getattr(source, "image_processor", source)).__name__
+
+
 def smart_resize(
     height: int,
     width: int,
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
-    factor: int = FACTOR,
+    *,
+    factor: int,
 ) -> tuple[int, int]:
     """(h, w) the image is resized to: multiples of ``factor``, area within [min_pixels, max_pixels], aspect kept.
 
     This is ``qwen_vl_utils.smart_resize`` (the reference implementation), with suzak's argument order, applied to
     the size :func:`fit_image` pads an image beyond Qwen's 200:1 aspect ratio to (Qwen's own refuses it).
 
-    >>> smart_resize(1, 500)  # a 500x1 line of pixels: padded to 500x3 first
+    >>> smart_resize(1, 500, factor=28)  # a 500x1 line of pixels: padded to 500x3 first
     (28, 504)
     """
-    height, width = ratio_padded_size(height, width, min_pixels, max_pixels, factor)
+    height, width = ratio_padded_size(height, width, min_pixels, max_pixels, factor=factor)
     return _qwen_smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
@@ -119,14 +264,15 @@ def ratio_padded_size(
     width: int,
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
-    factor: int = FACTOR,
+    *,
+    factor: int,
 ) -> tuple[int, int]:
     """(h, w) with the short side grown until the image, once resized for the budget, is at most
     ``MAX_ASPECT_RATIO`` times longer than wide: the processors refuse more, before and after resizing.
 
-    >>> ratio_padded_size(1, 500), ratio_padded_size(700, 2), ratio_padded_size(240, 320)
+    >>> ratio_padded_size(1, 500, factor=28), ratio_padded_size(700, 2, factor=28), ratio_padded_size(240, 320, factor=28)
     ((3, 500), (700, 4), (240, 320))
-    >>> ratio_padded_size(20, 7000)  # 35 would round back down to 28 px against 7000: 250:1
+    >>> ratio_padded_size(20, 7000, factor=28)  # 35 would round back down to 28 px against 7000: 250:1
     (42, 7000)
     """
     long_side, short = max(height, width), min(height, width)
@@ -144,10 +290,11 @@ def visual_tokens(
     width: int,
     min_pixels: int = DEFAULT_MIN_PIXELS,
     max_pixels: int = DEFAULT_MAX_PIXELS,
-    factor: int = FACTOR,
+    *,
+    factor: int,
 ) -> int:
-    """Visual tokens the model sees for an image of this size under the budget: (h/28)·(w/28)."""
-    h, w = smart_resize(height, width, min_pixels, max_pixels, factor)
+    """Visual tokens the model sees for an image of this size under the budget: (h/factor)·(w/factor)."""
+    h, w = smart_resize(height, width, min_pixels, max_pixels, factor=factor)
     return (h // factor) * (w // factor)
 
 
@@ -190,7 +337,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def fit_image(
-    image: Image.Image, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS
+    image: Image.Image, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS, *, factor: int
 ) -> Image.Image:
     """The image as RGB at the budget's size, so no processor downstream resizes it again.
 
@@ -201,13 +348,13 @@ def fit_image(
     if not isinstance(image, Image.Image):
         raise TypeError(f"fit_image needs a PIL image, got {type(image).__name__}")
     rgb = to_rgb(image)
-    height, width = ratio_padded_size(rgb.height, rgb.width)
+    height, width = ratio_padded_size(rgb.height, rgb.width, min_pixels, max_pixels, factor=factor)
     if (height, width) != (rgb.height, rgb.width):
         canvas = Image.new("RGB", (width, height), (255, 255, 255))
         canvas.paste(rgb, ((width - rgb.width) // 2, (height - rgb.height) // 2))
         rgb = canvas
-    h, w = smart_resize(rgb.height, rgb.width, min_pixels, max_pixels)
-    if h < FACTOR or w < FACTOR:
+    h, w = smart_resize(rgb.height, rgb.width, min_pixels, max_pixels, factor=factor)
+    if h < factor or w < factor:
         raise ValueError(f"image of {rgb.width}x{rgb.height} is too elongated to fit {max_pixels} pixels")
     if (rgb.height, rgb.width) == (h, w):
         return rgb

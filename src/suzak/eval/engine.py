@@ -64,7 +64,7 @@ class _BatchedEngine(abc.ABC):
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}")
         self.processing_class = processing_class
-        self.budget = budget or PixelBudget()
+        self.budget = (budget or PixelBudget()).for_model(processing_class)  # the factor is the model's processor's
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.progress = progress
@@ -120,7 +120,8 @@ def _sampling_kwargs(temperature: float) -> dict:
 
 
 class HFEngine(_BatchedEngine):
-    """Batched ``model.generate`` for a Qwen2-VL/Qwen2.5-VL model and processor, or a causal LM and tokenizer."""
+    """Batched ``model.generate`` for a Qwen VL model and processor (any supported family), or a causal LM and
+    tokenizer."""
 
     def __init__(self, model: Any, processing_class: Any, budget: PixelBudget | None = None, batch_size: int = 8,
                  max_new_tokens: int = 256, *, progress: bool = True):  # fmt: skip
@@ -200,8 +201,9 @@ class VLLMEngine(_BatchedEngine):
         """Keyword arguments of ``vllm.LLM`` (also valid for ``vllm.EngineArgs``): the model and the pixel budget.
 
         ``mm_processor_kwargs`` makes vLLM's own processor resize into the budget's bounds, whatever bounds the
-        checkpoint's processor config was saved with; the images arrive already fitted, so it leaves them as they
-        are and its visual tokens equal the HF engine's (tests/test_vllm_boundary.py checks this against vLLM).
+        checkpoint's processor config was saved with; the images arrive already fitted to multiples of the model's
+        patch factor (the budget's, read from the same checkpoint's processor), so it leaves them as they are and
+        its visual tokens equal the HF engine's (tests/test_vllm_boundary.py checks this against vLLM).
         """
         kwargs: dict[str, Any] = {"model": self.model_path}
         if self.max_images_per_prompt > 0:  # text-only runs pass no multimodal settings

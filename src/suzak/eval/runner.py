@@ -271,7 +271,8 @@ def engine_row(item: EvalItem) -> dict:
 
 
 def default_budget(config: EvalConfig) -> PixelBudget:
-    """``--min_pixels/--max_pixels`` when given, else the training recipes' default budget (:class:`PixelBudget`)."""
+    """``--min_pixels/--max_pixels`` when given, else the training recipes' default budget (:class:`PixelBudget`); the
+    engine sets the patch factor from the model's processor."""
     return PixelBudget(config.min_pixels or DEFAULT_MIN_PIXELS, config.max_pixels or DEFAULT_MAX_PIXELS)
 
 
@@ -410,6 +411,7 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     items, skipped = prepare_items(config, task)
     state = process_state()
     engine = engine or build_engine(config, task, budget, items, state=state)
+    budget = getattr(engine, "budget", budget)  # with the patch factor of the model's processor
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, task, budget)
@@ -423,6 +425,8 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
         return None
     summary_path = output.with_suffix(".md")
     shown = {**settings, "batch_size": engine.batch_size, "items": len(items), "skipped_missing": skipped}
+    if budget.factor is not None:
+        shown["pixels_per_visual_token"] = f"{budget.factor}x{budget.factor}"
     summary_path.write_text(markdown_summary(task.name, config.model_path, greedy, sampled, shown), encoding="utf-8")
     report = EvalReport(task.name, config.model_path, greedy, sampled, str(summary_path), skipped, budget)
     _write_summary_json(output.with_suffix(".summary.json"), report, shown)

@@ -1,11 +1,15 @@
-"""Model and processor loading: Qwen2.5-VL / Qwen2-VL through the Auto classes, text models too.
+"""Model and processor loading: the Qwen VL families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5) through the Auto
+classes, text models too.
 
 - ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.models.tiny`.
+- A vision-language checkpoint of a family suzak does not size images for is one line naming its model type and the
+  supported families (:func:`suzak.vision.vision_family`), as is a processor whose patch grid disagrees with its
+  model's config; :func:`model_budget` reads the pixel budget's factor from the checkpoint's config.
 - ``attn_implementation: auto`` picks flash_attention_2 when flash-attn imports and a CUDA GPU is present, else
   sdpa, and logs which.
 - dtype: bf16 weights when the run trains in bf16 under DeepSpeed or LoRA (fp32 master weights exist there);
   fp32 weights + bf16 autocast for plain full fine-tuning (pure-bf16 AdamW loses lr-1e-6 updates); float32 on CPU.
-- ``trust_remote_code`` stays off: Qwen2-VL and Qwen2.5-VL are native transformers models.
+- ``trust_remote_code`` stays off: every supported family is a native transformers model.
 - A ``model_name_or_path`` that is a local folder (it exists, or it is written as a path: ``/``, ``./``, ``../``,
   ``~`` or more than one ``/``) is checked as one: missing, empty, without ``config.json`` or without weights is one
   line about the folder. Only a Hub id (``NAME`` or ``ORG/NAME``) gets the advice to download it.
@@ -20,6 +24,7 @@ from pathlib import Path
 import torch
 
 from suzak import SuzakError
+from suzak.vision import PixelBudget, patch_factor, vision_family
 
 __all__ = [
     "TINY_MODEL",
@@ -27,6 +32,7 @@ __all__ = [
     "freeze_vision_tower",
     "load_model_and_processor",
     "local_model_problem",
+    "model_budget",
     "pick_attn_implementation",
     "resolve_model_path",
 ]
@@ -152,16 +158,35 @@ def _load_config(path: str, revision: str | None):
             ) from None
 
 
-def load_model_and_processor(model_args, training_args):
-    """(model, processing_class) for the recipe's ``model_name_or_path``; VLMs get their processor."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
-
-    from suzak.hub import offline_unless_reachable
-
+def _checked_config(model_args):
+    """(local path or Hub id, config) of the recipe's model: a folder that cannot be loaded, or a vision-language
+    model of a family suzak does not support, is one line."""
     path = resolve_model_path(model_args.model_name_or_path)
     if problem := local_model_problem(path):
         raise SuzakError(f"cannot load model {path!r}: {problem}")
     config = _load_config(path, model_args.model_revision)
+    try:
+        vision_family(config)
+    except SuzakError as error:
+        raise SuzakError(f"model {model_args.model_name_or_path!r}: {error}") from None
+    return path, config
+
+
+def model_budget(model_args, min_pixels: int, max_pixels: int) -> PixelBudget:
+    """The pixel budget for the recipe's model, its factor read from the model's config (no weights loaded): what
+    the data checks size images with before the model loads (text models: no factor, they see no images)."""
+    _, config = _checked_config(model_args)
+    return PixelBudget(min_pixels, max_pixels).for_model(config)
+
+
+def load_model_and_processor(model_args, training_args):
+    """(model, processing_class) for the recipe's ``model_name_or_path``; VLMs get their processor, whose patch grid
+    must be the model's."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from suzak.hub import offline_unless_reachable
+
+    path, config = _checked_config(model_args)
     is_vlm = getattr(config, "vision_config", None) is not None
     kwargs = {
         "revision": model_args.model_revision,
@@ -176,6 +201,10 @@ def load_model_and_processor(model_args, training_args):
         else:
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
             processing_class = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
+    if is_vlm and patch_factor(processing_class) != patch_factor(config):
+        raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual tokens "
+                         f"but the model's vision tower {patch_factor(config)}-pixel ones (patch size x merge size): "
+                         "the folder's processor config belongs to another model")  # fmt: skip
     logger.info("loaded %s (%s, %s)", path, type(model).__name__, kwargs["dtype"])
     return model, processing_class
 
@@ -195,7 +224,7 @@ def adapter_base(path: str | Path) -> str | None:
 
 
 def vision_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """The vision tower's parameters (Qwen2-VL/Qwen2.5-VL keep it under a ``visual`` module)."""
+    """The vision tower's parameters (every supported family keeps it under a ``visual`` module)."""
     return [(n, p) for n, p in model.named_parameters() if ".visual." in f".{n}"]
 
 

@@ -151,6 +151,7 @@ class TrainingFacts:
     run_info: dict[str, Any]
     plots: list[str]  # PNG paths inside the release folder
     adapter: bool = False  # the release holds a LoRA adapter, not full weights
+    patch_factor: int | None = None  # pixels per visual token along a side, from the released processor
 
     def setting(self, name: str, default: Any = None) -> Any:
         settings = self.run_info.get("settings", {})
@@ -224,8 +225,9 @@ def _hardware(info: dict[str, Any]) -> str:
 def _training_section(facts: TrainingFacts) -> list[str]:
     from suzak.runs.record import training_seconds
 
-    lo, hi = facts.setting("min_pixels"), facts.setting("max_pixels")
-    budget = f"{lo}..{hi} pixels (at most {hi // 784} visual tokens per image)" if lo and hi else "not recorded"
+    lo, hi, factor = facts.setting("min_pixels"), facts.setting("max_pixels"), facts.patch_factor
+    tokens = f" (at most {hi // factor**2} visual tokens of {factor}x{factor} pixels per image)" if factor else ""
+    budget = f"{lo}..{hi} pixels{tokens}" if lo and hi else "not recorded"
     seconds = training_seconds(facts.run_info)
     launches = facts.run_info.get("launches", [])
     final_step = next((l["final_step"] for l in reversed(launches) if "final_step" in l), None)  # noqa: E741

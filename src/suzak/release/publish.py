@@ -205,6 +205,19 @@ def _copy_evals(eval_results: list[str], output: Path) -> None:
                 _link_or_copy(sibling, output / "eval" / sibling.name)
 
 
+def _patch_factor(folder: Path) -> int | None:
+    """Pixels per visual token along a side of the released image processor; None without one (a text model)."""
+    from transformers import AutoImageProcessor
+
+    from suzak.vision import patch_factor
+
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(folder)
+    except (OSError, ValueError):
+        return None
+    return patch_factor(image_processor)
+
+
 def _check_no_secrets(output: Path) -> None:
     """The last gate: no text file of the release may contain a secret value from the environment."""
     for path in sorted(output.rglob("*")):
@@ -233,7 +246,12 @@ def build_release(checkpoint: str | Path, output: str | Path | None, repo_id: st
     recipe = yaml.safe_load(recipe_text) if recipe_text else {}
     _copy_evals(eval_results or [], output)
     facts = TrainingFacts(
-        recipe, recipe_text, run_info, _plots(run_dir, output), (output / "adapter_config.json").is_file()
+        recipe,
+        recipe_text,
+        run_info,
+        _plots(run_dir, output),
+        (output / "adapter_config.json").is_file(),
+        _patch_factor(output),
     )
     (output / "README.md").write_text(render_card(repo_id, facts, evals), encoding="utf-8")
     _check_no_secrets(output)
