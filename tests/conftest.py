@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny offline Qwen2.5-VL is built once per test session."""
+"""Shared fixtures: the tiny offline Qwen2.5-VL (and each family's tiny model) is built once per test session."""
 
 from __future__ import annotations
 
@@ -64,6 +64,23 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from suzak.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2.5-vl")
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory):
+    """``family_model_dir(family)``: the tiny model of a Qwen VL family (suzak.models.tiny.FAMILIES), built once per
+    test session."""
+    from suzak.models.tiny import TinyConfig, build_tiny_model
+
+    built: dict[str, Path] = {}
+
+    def build(family: str) -> Path:
+        if family not in built:
+            folder = tmp_path_factory.mktemp("tiny") / f"tiny-{family}"
+            built[family] = build_tiny_model(folder, TinyConfig(family=family))
+        return built[family]
+
+    return build
 
 
 @pytest.fixture(scope="session")

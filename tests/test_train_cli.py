@@ -275,15 +275,24 @@ def test_deepspeed_zero2_on_cpu(tmp_path, run_env):
     assert checkpoint_problem(out / "checkpoint-2") is None  # ZeRO shards are whole torch archives
 
 
-def test_tiny_cache_is_keyed_by_the_builder_and_built_whole(tmp_path, monkeypatch):
+def test_tiny_cache_is_keyed_by_family_and_builder_and_built_whole(tmp_path, monkeypatch):
+    import json
+
+    from suzak import SuzakError
     from suzak.models.loading import resolve_model_path, tiny_model_cache
 
     monkeypatch.setenv("SUZAK_CACHE", str(tmp_path))
     path = Path(resolve_model_path("tiny"))
-    assert path == tiny_model_cache() and (path / "config.json").is_file()
+    assert path == tiny_model_cache() == tiny_model_cache("qwen2_5_vl") and (path / "config.json").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no scratch folder left behind
-    assert path.name.startswith("tiny-qwen2.5-vl-") and len(path.name) == len("tiny-qwen2.5-vl-") + 10
+    assert path.name.startswith("tiny-qwen2_5_vl-") and len(path.name) == len("tiny-qwen2_5_vl-") + 10
+    other = Path(resolve_model_path("tiny:qwen3_vl"))
+    assert other == tiny_model_cache("qwen3_vl") != path and other.name.endswith(path.name[-10:])  # same builder
+    assert json.loads((other / "config.json").read_text())["model_type"] == "qwen3_vl"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, other.name])
     assert resolve_model_path("Qwen/Qwen2.5-VL-7B-Instruct") == "Qwen/Qwen2.5-VL-7B-Instruct"
+    with pytest.raises(SuzakError, match=r"no tiny model of family 'qwen4_vl'; the tiny families are tiny:qwen2_vl"):
+        resolve_model_path("tiny:qwen4_vl")
 
 
 def test_recipe_dataset_options_stay_with_the_recipe_dataset(monkeypatch, caplog):

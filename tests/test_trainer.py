@@ -243,14 +243,3 @@ def test_weights_dtype_keeps_fp32_master_weights(bf16, deepspeed, use_peft, expe
     assert _dtype(ModelConfig(model_name_or_path="x", use_peft=use_peft), args) == expected
     w = torch.tensor([0.02], dtype=torch.bfloat16)
     assert torch.equal(w + 1e-6, w)  # the reason: a bf16 weight cannot take a 1e-6 step
-
-
-def test_qwen2_vl_trains_through_the_same_trainer(tmp_path):
-    from suzak.models.tiny import TinyConfig, build_tiny_model
-
-    path = build_tiny_model(tmp_path / "tiny-qwen2-vl", TinyConfig(architecture="qwen2_vl"))
-    trainer = make_trainer(path, tmp_path, image_dataset(4), [length_reward], cls=TokenCountingTrainer, max_steps=1)
-    assert type(trainer.model).__name__ == "Qwen2VLForConditionalGeneration"
-    trainer.train()
-    for counts, expected in trainer.token_checks:
-        assert counts == expected

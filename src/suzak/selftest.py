@@ -1,13 +1,15 @@
 """Proof that training learns through the images: ``python -m suzak.selftest``.
 
 A loss that moves and parameters that change prove little: a run whose images are mis-paired with their prompts
-(TRL #5785/#6401, R1-V's batch bugs) passes those checks too. This self-test trains the offline tiny Qwen2.5-VL
-with suzak's own trainer (pixel budget on) on a task it can only solve by looking at the right image, then runs a
-held-out greedy evaluation through suzak's evaluation engine. Two tasks:
+(TRL #5785/#6401, R1-V's batch bugs) passes those checks too. This self-test trains an offline tiny Qwen VL model
+(``--family``: Qwen2.5-VL by default, or Qwen2-VL, Qwen3-VL, Qwen3.5) with suzak's own trainer (pixel budget on) on
+a task it can only solve by looking at the right image, then runs a held-out greedy evaluation through suzak's
+evaluation engine. Images are a whole number of visual tokens of the family (2×2 for color: 56×56 pixels at
+Qwen2.5-VL's 28-pixel tokens, 64×64 at Qwen3-VL's 32). Two tasks:
 
 - ``color`` (default, the install check): "What color is the image?" over small red or blue squares, each channel
   jittered so no two images are equal, with a 0/1 reward on the first answer token;
-- ``counting``: the procedural CLEVR generator restricted to 1-3 large objects (zoomed in, 112x84), "How many
+- ``counting``: the procedural CLEVR generator restricted to 1-3 large objects (zoomed in, 4x3 tokens), "How many
   items are there in the image?" with the ``plain`` template and the registry's ``clevr_count`` reward on the
   bare answer. Slower (a few hundred steps) and the proof that a real reward on real-looking scenes trains.
 
@@ -26,6 +28,7 @@ belongs to the prompt, and evaluation scores the policy that was trained. Run it
 machine, before spending GPU hours:
 
     python -m suzak.selftest                        # color: aligned + shuffled control, seed 0, 150 steps each
+    python -m suzak.selftest --family qwen3_vl      # the same on a tiny Qwen3-VL
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
     python -m suzak.selftest --device cuda --json selftest.json
     python -m suzak.selftest --device cuda --vllm   # training generates with vLLM (colocate): a GPU install
@@ -44,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from suzak.vision import PixelBudget
 
 __all__ = [
     "TASKS",
@@ -64,15 +69,16 @@ QUESTION = "What color is the image?"
 COLORS = {"red": (200, 30, 30), "blue": (30, 30, 200)}
 GREY = (120, 120, 120)
 
-# Counting scenes: 1-3 large objects, zoomed in 2x, drawn at 112x84 (12 visual tokens). At CLEVR's own scale and
-# sizes, objects are a few pixels wide here and the tiny model does not learn to count them (docs/selftest.md).
-COUNTING_IMAGE = (112, 84)
+# Counting scenes: 1-3 large objects, zoomed in 2x, drawn at 4x3 visual tokens (112x84 pixels at 28 per token). At
+# CLEVR's own scale and sizes, objects are a few pixels wide here and the tiny model does not learn to count them
+# (docs/selftest.md).
+COUNTING_IMAGE = (112, 84)  # the default family's size
 COUNTING_OBJECTS = (1, 3)
 COUNTING_SIZES = ("large",)
 COUNTING_ZOOM = 2.0
 
 # The top-level keys of ``--json`` (the whole report follows under "detail").
-JSON_KEYS = ("task", "aligned_accuracy", "control_accuracy", "heldout_accuracy", "unsuppressed_in_eval", "steps",
+JSON_KEYS = ("task", "family", "aligned_accuracy", "control_accuracy", "heldout_accuracy", "unsuppressed_in_eval", "steps",
              "seconds", "passed")  # fmt: skip
 
 
@@ -82,7 +88,7 @@ class TaskSpec:
 
     steps: int
     learning_rate: float
-    image_size: tuple[int, int]  # (width, height); the pixel budget is exactly this area
+    image_tokens: tuple[int, int]  # (width, height) in visual tokens; the pixel budget is exactly the image's area
     max_completion_length: int
     chance: float
     pass_at: float  # the aligned run's mean reward over its last 10 steps must reach this
@@ -90,14 +96,20 @@ class TaskSpec:
     prior_steps: int = 0  # SFT steps that give the random-init model a pretrained model's answer prior
     lr_scheduler_type: str = "constant"
 
+    def image_size(self, factor: int) -> tuple[int, int]:
+        """(width, height) in pixels for a model with ``factor`` pixels per visual token along a side.
+
+        >>> TASKS["color"].image_size(28), TASKS["counting"].image_size(32)
+        ((56, 56), (128, 96))
+        """
+        return self.image_tokens[0] * factor, self.image_tokens[1] * factor
+
 
 TASKS: dict[str, TaskSpec] = {
     # lr 3e-3 and 2e-3 collapse onto one colour; 1e-3 passes by ~130 steps.
-    "color": TaskSpec(150, 1e-3, (56, 56), 2, 0.5, 0.9, (0.3, 0.7)),
+    "color": TaskSpec(150, 1e-3, (2, 2), 2, 0.5, 0.9, (0.3, 0.7)),
     # Without the answer prior GRPO collapses onto one digit; at constant lr 1e-3 it collapses after ~250 steps.
-    "counting": TaskSpec(
-        300, 1e-3, COUNTING_IMAGE, 1, 1 / 3, 0.6, (0.2, 0.47), prior_steps=80, lr_scheduler_type="cosine"
-    ),
+    "counting": TaskSpec(300, 1e-3, (4, 3), 1, 1 / 3, 0.6, (0.2, 0.47), prior_steps=80, lr_scheduler_type="cosine"),
 }
 
 
@@ -106,6 +118,7 @@ class SelfTestConfig:
     """Run settings; ``steps`` and ``learning_rate`` left at None take the task's measured defaults (``TASKS``)."""
 
     task: str = "color"
+    family: str = "qwen2_5_vl"  # the tiny model's (suzak.models.tiny.FAMILIES)
     seed: int = 0
     steps: int | None = None
     learning_rate: float | None = None
@@ -119,8 +132,12 @@ class SelfTestConfig:
     vllm: bool = False  # training generates with vLLM colocated on the GPU (each run in its own process)
 
     def __post_init__(self):
+        from suzak.models.tiny import FAMILIES
+
         if self.task not in TASKS:
             raise ValueError(f"unknown self-test task {self.task!r}; known: {', '.join(TASKS)}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown model family {self.family!r}; known: {', '.join(FAMILIES)}")
         if self.vllm and self.device != "cuda":
             raise ValueError("vLLM generation needs a GPU: --vllm goes with --device cuda")
         self.steps = self.spec.steps if self.steps is None else self.steps
@@ -155,8 +172,10 @@ def color_dataset(num_rows: int, seed: int, images: str = "aligned", size: int =
     return datasets.Dataset.from_list(rows)
 
 
-def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None):
-    """Rows {prompt, image, solution}: CLEVR scenes of 1-3 large objects, "How many ...?" and the bare count.
+def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,
+                     size: tuple[int, int] = COUNTING_IMAGE):  # fmt: skip
+    """Rows {prompt, image, solution}: CLEVR scenes of 1-3 large objects, "How many ...?" and the bare count, drawn
+    at ``size`` (width, height).
 
     Made by ``suzak.data.clevr_synthetic`` (template ``plain``). ``shuffled`` permutes the images across rows and
     keeps the counts; ``grey`` shows every row the empty table.
@@ -168,7 +187,7 @@ def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: i
 
     if images not in ("aligned", "shuffled", "grey"):
         raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
-    width, height = COUNTING_IMAGE
+    width, height = size
     dataset = clevr_synthetic(
         num_rows, seed=seed, start=start, min_objects=COUNTING_OBJECTS[0], max_objects=COUNTING_OBJECTS[1],
         question_types=("total",), width=width, height=height, sizes=COUNTING_SIZES, zoom=COUNTING_ZOOM,
@@ -239,14 +258,16 @@ def _quiet_progress(trainer) -> None:
     trainer.add_callback(StepBar())
 
 
-def _datasets(config: SelfTestConfig, images: str, cache_dir: Path):
-    """(training rows, held-out aligned rows) of the task; held-out rows are never trained on."""
+def _datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
+    """(training rows, held-out aligned rows) of the task, images sized for ``factor``; held-out rows are never
+    trained on."""
+    size = config.spec.image_size(factor)
     if config.task == "color":
-        size = config.spec.image_size[0]
-        return (color_dataset(config.rows, config.seed, images, size),
-                color_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size))  # fmt: skip
-    train = counting_dataset(config.rows, config.seed, images, cache_dir=str(cache_dir))
-    heldout = counting_dataset(config.heldout_rows, config.seed, "aligned", start=config.rows, cache_dir=str(cache_dir))
+        return (color_dataset(config.rows, config.seed, images, size[0]),
+                color_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size[0]))  # fmt: skip
+    train = counting_dataset(config.rows, config.seed, images, cache_dir=str(cache_dir), size=size)
+    heldout = counting_dataset(config.heldout_rows, config.seed, "aligned", start=config.rows, cache_dir=str(cache_dir),
+                               size=size)  # fmt: skip
     return train, heldout
 
 
@@ -267,7 +288,7 @@ def _score(config: SelfTestConfig, outputs: list[str], rows: list[dict]) -> list
     return clevr_count(outputs, [row["solution"] for row in rows], answer_format="plain")
 
 
-def _answer_prior(config: SelfTestConfig, model, processor, budget, output_dir: Path) -> None:
+def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget, output_dir: Path) -> None:
     """Counting only: a short SFT (TRL's SFTTrainer) on the empty table with random counts 1-3.
 
     A pretrained Qwen answers "How many ...?" with a number; the random-init tiny model first has to find the digits
@@ -282,7 +303,8 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget, output_dir: 
     from suzak.vision import configure_processor
 
     rng = np.random.default_rng(config.seed + 20_000)
-    empty = counting_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", cache_dir=str(output_dir))
+    empty = counting_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", cache_dir=str(output_dir),
+                             size=config.spec.image_size(budget.factor))  # fmt: skip
     rows = [{"prompt": row["prompt"], "image": row["image"],
              "completion": [{"role": "assistant", "content": str(int(rng.integers(1, 4)))}]}
             for row in empty]  # fmt: skip
@@ -304,17 +326,19 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     from trl import GRPOConfig
 
     from suzak.trainer import VLMGRPOTrainer
-    from suzak.vision import PixelBudget
+    from suzak.vision import patch_factor
 
     spec = config.spec
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
-    budget = PixelBudget(spec.image_size[0] * spec.image_size[1], spec.image_size[0] * spec.image_size[1])
+    factor = patch_factor(processor)
+    width, height = spec.image_size(factor)
+    budget = PixelBudget(width * height, width * height).for_model(processor)
     if spec.prior_steps:
         logger.info("%s run: answer prior (%d SFT steps on the empty table)", images, spec.prior_steps)
         _answer_prior(config, model, processor, budget, output_dir)
     logger.info("%s run: %d GRPO steps (%s task)", images, config.steps, config.task)
-    train, heldout = _datasets(config, images, output_dir)
+    train, heldout = _datasets(config, images, output_dir, factor)
     args = GRPOConfig(
         output_dir=str(output_dir), seed=config.seed, max_steps=config.steps, learning_rate=config.learning_rate,
         lr_scheduler_type=spec.lr_scheduler_type,
@@ -395,13 +419,13 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
     """
     import torch
 
-    from suzak.models.tiny import build_tiny_model
+    from suzak.models.tiny import TinyConfig, build_tiny_model
 
     start = time.monotonic()
     spec = config.spec
     torch.manual_seed(config.seed)
     with tempfile.TemporaryDirectory(prefix="suzak-selftest-") as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model")
+        model_dir = build_tiny_model(Path(tmp) / "model", TinyConfig(family=config.family))
         runs = {}
         for images in conditions:
             rewards, heldout, unsuppressed = _train_in_process(config, model_dir, images, Path(tmp) / images)
@@ -413,6 +437,7 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
     unsuppressed = sorted({token for run in runs.values() for token in run["unsuppressed"]})
     return {
         "task": config.task,
+        "family": config.family,
         "aligned_accuracy": last.get("aligned"),
         "control_accuracy": last[controls[0]] if controls else None,
         "last10": last,
@@ -439,7 +464,8 @@ def format_report(report: dict) -> str:
     needs = report["needs"]
     runs = ", ".join(f"{name} {value:.3f} (needs {needs[name]})" for name, value in report["last10"].items())
     heldout = ", ".join(f"{name} {value:.3f}" for name, value in report["heldout"].items())
-    lines.append(f"{verdict}: reward over the last 10 steps: {runs}; held-out greedy accuracy: {heldout}; "
+    family = f" ({report['family']})" if report.get("family") else ""
+    lines.append(f"{verdict}{family}: reward over the last 10 steps: {runs}; held-out greedy accuracy: {heldout}; "
                  f"{report['seconds']:.0f} s")  # fmt: skip
     if report["unsuppressed_in_eval"]:
         lines.append(f"FAIL: the evaluation engine does not suppress {', '.join(report['unsuppressed_in_eval'])}, "
@@ -447,11 +473,19 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _families() -> list[str]:
+    from suzak.models.tiny import FAMILIES
+
+    return list(FAMILIES)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m suzak.selftest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=list(TASKS), default="color",
                         help="color: red/blue squares, the quick install check; counting: CLEVR scenes of 1-3 "
                         "objects with the clevr_count reward (slower)")  # fmt: skip
+    parser.add_argument("--family", choices=_families(), default="qwen2_5_vl",
+                        help="the tiny model's Qwen VL generation (default qwen2_5_vl)")  # fmt: skip
     parser.add_argument("--images", choices=["aligned", "shuffled", "grey"], default=None,
                         help="run only this condition (default: aligned, then the shuffled control)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
@@ -467,7 +501,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--vllm needs --device cuda: vLLM generates on a GPU")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
-    config = SelfTestConfig(task=args.task, seed=args.seed, steps=args.steps, device=args.device, vllm=args.vllm)
+    config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
+                            vllm=args.vllm)  # fmt: skip
     report = run_selftest(config, ("aligned", "shuffled") if args.images is None else (args.images,))
     print(format_report(report))
     if args.json:

@@ -1,7 +1,8 @@
 """Model and processor loading: the Qwen VL families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5) through the Auto
 classes, text models too.
 
-- ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.models.tiny`.
+- ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.models.tiny`;
+  ``tiny:qwen2_vl``, ``tiny:qwen3_vl``, ``tiny:qwen3_5`` the tiny model of that family.
 - A vision-language checkpoint of a family suzak does not size images for is one line naming its model type and the
   supported families (:func:`suzak.vision.vision_family`), as is a processor whose patch grid disagrees with its
   model's config; :func:`model_budget` reads the pixel budget's factor from the checkpoint's config.
@@ -35,38 +36,62 @@ __all__ = [
     "model_budget",
     "pick_attn_implementation",
     "resolve_model_path",
+    "tiny_family",
 ]
 
 logger = logging.getLogger(__name__)
 
-TINY_MODEL = "tiny"
+TINY_MODEL = "tiny"  # the default family's; "tiny:<family>" names another
 
 
-def tiny_model_cache() -> Path:
-    """Where ``tiny`` is built: keyed by a hash of the builder's source, so a changed builder never reuses a stale
-    model (a tokenizer built by older code would not match the prompts)."""
+def tiny_family(name: str) -> str | None:
+    """The tiny model family ``name`` asks for (``tiny``, ``tiny:<family>``), None for any other model name.
+
+    >>> tiny_family("tiny"), tiny_family("tiny:qwen3_vl"), tiny_family("Qwen/Qwen3-VL-2B-Instruct")
+    ('qwen2_5_vl', 'qwen3_vl', None)
+    """
+    from suzak.models.tiny import DEFAULT_FAMILY, FAMILIES
+
+    if name == TINY_MODEL:
+        return DEFAULT_FAMILY
+    if not name.startswith(TINY_MODEL + ":"):
+        return None
+    family = name.split(":", 1)[1]
+    if family not in FAMILIES:
+        raise SuzakError(f"model {name!r}: no tiny model of family {family!r}; the tiny families are "
+                         f"{', '.join(f'{TINY_MODEL}:{f}' for f in FAMILIES)}")  # fmt: skip
+    return family
+
+
+def tiny_model_cache(family: str | None = None) -> Path:
+    """Where the tiny model of ``family`` is built: keyed by the family and a hash of the builder's source and chat
+    templates, so a changed builder never reuses a stale model (a tokenizer built by older code would not match the
+    prompts)."""
     import hashlib
 
     import suzak.models.tiny
     import suzak.prompts
+    from suzak.models.tiny import DEFAULT_FAMILY, TEMPLATES_DIR
 
-    source = "".join(Path(m.__file__).read_text() for m in (suzak.models.tiny, suzak.prompts))
+    files = [Path(m.__file__) for m in (suzak.models.tiny, suzak.prompts)] + sorted(TEMPLATES_DIR.glob("*.jinja"))
+    source = "".join(path.read_text(encoding="utf-8") for path in files)
     root = os.environ.get("SUZAK_CACHE") or Path.home() / ".cache" / "suzak"
-    return Path(root) / f"tiny-qwen2.5-vl-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+    return Path(root) / f"tiny-{family or DEFAULT_FAMILY}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
 
 def resolve_model_path(name: str) -> str:
-    """A local path for ``tiny`` (building the tiny model once), otherwise ``name`` unchanged."""
-    if name != TINY_MODEL:
+    """A local path for ``tiny`` / ``tiny:<family>`` (building that tiny model once), otherwise ``name`` unchanged."""
+    family = tiny_family(name)
+    if family is None:
         return name
-    path = tiny_model_cache()
+    path = tiny_model_cache(family)
     if not (path / "config.json").is_file():
         import shutil
 
-        from suzak.models.tiny import build_tiny_model
+        from suzak.models.tiny import TinyConfig, build_tiny_model
 
-        logger.info("building the offline tiny Qwen2.5-VL in %s", path)
-        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"))
+        logger.info("building the offline tiny %s in %s", family, path)
+        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"), TinyConfig(family=family))
         try:
             scratch.rename(path)  # whole or absent: torchrun ranks may build at the same time
         except OSError:

@@ -1,16 +1,29 @@
-"""Build a tiny, real Qwen2.5-VL offline: for tests, the smoke run and the self-test.
+"""Build a tiny, real Qwen VL model offline: for tests, the smoke run and the self-test. One per family:
+
+============  ======================================  ==================  ================  =====================
+``--family``  model class                             processor           patch × merge     chat template
+============  ======================================  ==================  ================  =====================
+qwen2_vl      ``Qwen2VLForConditionalGeneration``     Qwen2VLProcessor    14 × 2 = 28       Qwen2-VL-Instruct's
+qwen2_5_vl    ``Qwen2_5_VLForConditionalGeneration``  Qwen2_5_VLProcessor 14 × 2 = 28       Qwen2.5-VL-Instruct's
+qwen3_vl      ``Qwen3VLForConditionalGeneration``     Qwen3VLProcessor    16 × 2 = 32       Qwen3-VL-Instruct's
+qwen3_5       ``Qwen3_5ForConditionalGeneration``     Qwen3VLProcessor    16 × 2 = 32       Qwen3.5's (thinking)
+============  ======================================  ==================  ================  =====================
 
 No weights or tokenizers can be downloaded here, so this writes a complete model folder from scratch:
 
-- the real ``Qwen2_5_VLForConditionalGeneration`` from a small config (random init, seeded);
-- a byte-level BPE tokenizer trained on the fly with Qwen2's pre-tokenizer, Qwen's special tokens at the end of the
-  vocabulary and Qwen2.5-VL's chat template, so digits, ``<think>``/``<answer>`` and the CLEVR and GSM8K words are
-  reachable in a few tokens;
-- the real ``Qwen2_5_VLProcessor`` (Qwen2-VL image processor, patch 14, merge 2).
+- the family's real conditional-generation model from a small config (random init, seeded): Qwen3-VL with its
+  DeepStack layer and interleaved M-RoPE, Qwen3.5 with one linear-attention (Gated DeltaNet) and one full-attention
+  layer;
+- a byte-level BPE tokenizer trained on the fly with the family's tokenizer class and pre-tokenizer (``Qwen2Tokenizer``,
+  or ``Qwen3_5Tokenizer``), the family's added tokens in their real order at the end of the vocabulary and its chat
+  template (``chat_templates/``), so digits, ``<think>``/``<answer>`` and the CLEVR and GSM8K words are reachable in
+  a few tokens;
+- the family's real processor (Qwen2-VL image processor with the family's patch size, merge 2, mean and std).
 
 ``AutoProcessor.from_pretrained(DIR)`` and ``AutoModelForImageTextToText.from_pretrained(DIR)`` load the result.
 
     python -m suzak.tiny --output outputs/tiny-qwen2.5-vl
+    python -m suzak.tiny --output outputs/tiny-qwen3-vl --family qwen3_vl
 """
 
 from __future__ import annotations
@@ -21,27 +34,36 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from suzak import SuzakError
 from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyConfig", "build_tiny_model", "build_tokenizer", "training_corpus"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "FAMILIES",
+    "SPECIAL_TOKENS",
+    "TinyConfig",
+    "build_tiny_model",
+    "build_tokenizer",
+    "chat_template",
+    "training_corpus",
+]
 
 logger = logging.getLogger(__name__)
 
-# Qwen2.5-VL-Instruct's chat template (the one its processor ships), verbatim.
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content"
-    " or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture "
-    "{{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video'"
-    " or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
-    "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}"
-    "{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n{% endif %}"
-)
+TEMPLATES_DIR = Path(__file__).with_name("chat_templates")
 
-# Qwen2.5-VL's added tokens in their real order (ids follow the BPE vocabulary here instead of 151643+).
+
+def chat_template(family: str) -> str:
+    """The chat template the family's Instruct checkpoints ship, verbatim (``chat_templates/<file>.jinja``).
+
+    Qwen2-VL and Qwen2.5-VL share one (a default system prompt, nothing after the assistant header); Qwen3-VL's has no
+    default system prompt; Qwen3.5's opens ``<think>\\n`` after the assistant header unless ``enable_thinking`` is
+    false.
+    """
+    return (TEMPLATES_DIR / f"{_spec(family).template}.jinja").read_text(encoding="utf-8")
+
+
+# Qwen's added tokens in their real order (ids follow the BPE vocabulary here instead of 151643+ or 248044+).
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
     "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
@@ -52,19 +74,63 @@ ADDED_TOKENS = [
     "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
     "<|repo_name|>", "<|file_sep|>",
 ]  # fmt: skip
+# Qwen3's tokenizers (Qwen3-VL, Qwen3.5) add these after the file separator, also not special.
+QWEN3_ADDED_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What differs between the families' tiny models: classes, tokenizer, template, vision tower."""
+
+    model_class: str
+    config_class: str
+    processor_class: str
+    video_processor: str  # "qwen2_vl" or "qwen3_vl": the module of the family's video processor
+    tokenizer_class: str  # "qwen2" or "qwen3_5": the module of the family's tokenizer (and pre-tokenizer regex)
+    template: str  # chat_templates/<template>.jinja
+    patch_size: int
+    image_mean: tuple[float, float, float] | None  # None: the image processor's default (OpenAI CLIP's)
+    added_tokens: tuple[str, ...]
+    rotary_fraction: float = 1.0  # of head_dim under M-RoPE (Qwen3.5 rotates a quarter)
+
+
+_QWEN2_ADDED = tuple(ADDED_TOKENS)
+_QWEN3_ADDED = tuple(ADDED_TOKENS + QWEN3_ADDED_TOKENS)
+FAMILIES: dict[str, _Family] = {
+    "qwen2_vl": _Family("Qwen2VLForConditionalGeneration", "Qwen2VLConfig", "Qwen2VLProcessor", "qwen2_vl", "qwen2",
+                        "qwen2_vl", 14, None, _QWEN2_ADDED),
+    "qwen2_5_vl": _Family("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", "Qwen2_5_VLProcessor", "qwen2_vl",
+                          "qwen2", "qwen2_vl", 14, None, _QWEN2_ADDED),
+    "qwen3_vl": _Family("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "Qwen3VLProcessor", "qwen3_vl", "qwen2",
+                        "qwen3_vl", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED),
+    "qwen3_5": _Family("Qwen3_5ForConditionalGeneration", "Qwen3_5Config", "Qwen3VLProcessor", "qwen3_vl", "qwen3_5",
+                       "qwen3_5", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED, rotary_fraction=0.25),
+}  # fmt: skip
+DEFAULT_FAMILY = "qwen2_5_vl"
+
+
+def _spec(family: str) -> _Family:
+    try:
+        return FAMILIES[family]
+    except KeyError:
+        raise SuzakError(f"unknown tiny model family {family!r}; known: {', '.join(FAMILIES)}") from None
+
+
+CHAT_TEMPLATE = chat_template(DEFAULT_FAMILY)  # Qwen2.5-VL-Instruct's (and Qwen2-VL-Instruct's)
 
 
 @dataclass
 class TinyConfig:
     """Sizes of the tiny model. Defaults: ~0.3M parameters, builds in a few seconds on one core."""
 
+    family: str = DEFAULT_FAMILY  # FAMILIES: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5
     vocab_size: int = 1536  # BPE vocabulary before special tokens
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    mrope_section: list[int] = field(default_factory=lambda: [2, 3, 3])  # sums to head_dim / 2
+    mrope_section: list[int] | None = None  # sums to the rotated head_dim / 2; None: [2, 3, 3], Qwen3.5 [1, 1, 0]
     max_position_embeddings: int = 8192
     vision_depth: int = 2
     vision_hidden_size: int = 32
@@ -73,8 +139,12 @@ class TinyConfig:
     min_pixels: int = DEFAULT_MIN_PIXELS  # the processor saved with the model resizes into the default budget
     max_pixels: int = DEFAULT_MAX_PIXELS
     seed: int = 0
-    architecture: str = "qwen2_5_vl"  # or "qwen2_vl": the real Qwen2VLForConditionalGeneration
     extra_corpus: list[str] = field(default_factory=list)  # more text the BPE should learn whole words from
+
+    def __post_init__(self):
+        _spec(self.family)
+        if self.mrope_section is None:
+            self.mrope_section = [1, 1, 0] if self.family == "qwen3_5" else [2, 3, 3]
 
 
 def training_corpus(seed: int = 0) -> list[str]:
@@ -120,17 +190,21 @@ def training_corpus(seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(config: TinyConfig | None = None):
-    """A Qwen2 tokenizer (real ``Qwen2Tokenizer`` class and pre-tokenizer) with a BPE vocabulary trained here."""
+    """The family's tokenizer (real class and pre-tokenizer: ``Qwen2Tokenizer``, ``Qwen3_5Tokenizer`` for Qwen3.5)
+    with a BPE vocabulary trained here, the family's added tokens and chat template."""
+    import importlib
+
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     config = config or TinyConfig()
+    spec = _spec(config.family)
+    module = importlib.import_module(f"transformers.models.{spec.tokenizer_class}.tokenization_{spec.tokenizer_class}")
+    tokenizer_class = next(getattr(module, name) for name in module.__all__ if name.endswith("Tokenizer"))
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(module.PRETOKENIZE_REGEX), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -144,7 +218,7 @@ def build_tokenizer(config: TinyConfig | None = None):
     state = bpe.model  # BPE model with the learned vocab and merges
     vocab = bpe.get_vocab()
     merges = _merges_of(state)
-    tokenizer = Qwen2Tokenizer(
+    tokenizer = tokenizer_class(
         vocab=vocab,
         merges=merges,
         unk_token=None,
@@ -157,8 +231,8 @@ def build_tokenizer(config: TinyConfig | None = None):
         split_special_tokens=False,
     )
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
-    tokenizer.add_tokens(ADDED_TOKENS, special_tokens=False)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.add_tokens(list(spec.added_tokens), special_tokens=False)
+    tokenizer.chat_template = chat_template(config.family)
     return tokenizer
 
 
@@ -174,69 +248,90 @@ def _merges_of(bpe_model) -> list[tuple[str, str]]:
 
 
 def build_processor(tokenizer, config: TinyConfig):
-    """The real Qwen2.5-VL (or Qwen2-VL) processor around ``tokenizer``, with the budget's min/max pixels."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+    """The family's real processor around ``tokenizer``: patch size and mean/std of the family, merge 2, temporal
+    patch 2, the budget's min/max pixels."""
+    import importlib
+
+    import transformers
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
+    spec = _spec(config.family)
     size = {"shortest_edge": config.min_pixels, "longest_edge": config.max_pixels}
-    image_processor = Qwen2VLImageProcessor(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
-    video_processor = Qwen2VLVideoProcessor(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
-    processor_class = Qwen2VLProcessor if config.architecture == "qwen2_vl" else Qwen2_5_VLProcessor
-    return processor_class(
-        image_processor=image_processor,
+    grid = {"patch_size": spec.patch_size, "temporal_patch_size": 2, "merge_size": 2}
+    colour = {"image_mean": list(spec.image_mean), "image_std": list(spec.image_mean)} if spec.image_mean else {}
+    video_module = importlib.import_module(
+        f"transformers.models.{spec.video_processor}.video_processing_{spec.video_processor}"
+    )
+    video_class = next(getattr(video_module, n) for n in video_module.__all__ if n.endswith("VideoProcessor"))
+    return getattr(transformers, spec.processor_class)(
+        image_processor=Qwen2VLImageProcessor(size=size, **grid, **colour),
         tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
+        video_processor=video_class(size=size, **grid, **colour),
+        chat_template=chat_template(config.family),
     )
 
 
-def build_model(tokenizer, config: TinyConfig):
-    """A randomly initialised Qwen2.5-VL (or Qwen2-VL) conditional-generation model sized by ``config`` (seeded)."""
-    import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-    )
-
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+def _text_config(ids: dict[str, int], vocab_size: int, config: TinyConfig, spec: _Family) -> dict:
     head_dim = config.hidden_size // config.num_attention_heads
-    if sum(config.mrope_section) * 2 != head_dim:
-        raise ValueError(f"mrope_section {config.mrope_section} must sum to head_dim/2 = {head_dim // 2}")
-    text_config = {
-        "vocab_size": len(tokenizer),
+    rotated = int(head_dim * spec.rotary_fraction)
+    if sum(config.mrope_section) * 2 != rotated:
+        raise ValueError(f"mrope_section {config.mrope_section} must sum to the rotated head_dim/2 = {rotated // 2}")
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": config.mrope_section}
+    text = {
+        "vocab_size": vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "max_position_embeddings": config.max_position_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": config.mrope_section},
+        "rope_parameters": rope,
         "bos_token_id": None,  # Qwen's tokenizer has no BOS token
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
         "tie_word_embeddings": True,
     }
-    vision_common = {"depth": config.vision_depth, "num_heads": config.vision_num_heads, "patch_size": 14,
-                     "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
-    if config.architecture == "qwen2_5_vl":
-        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-        vision_config = vision_common | {
-            "hidden_size": config.vision_hidden_size, "intermediate_size": config.vision_intermediate_size,
-            "out_hidden_size": config.hidden_size, "window_size": 112, "fullatt_block_indexes": [config.vision_depth - 1],
-        }  # fmt: skip
-    elif config.architecture == "qwen2_vl":
-        config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
-        vision_config = vision_common | {"embed_dim": config.vision_hidden_size, "hidden_size": config.hidden_size,
-                                         "mlp_ratio": config.vision_intermediate_size // config.vision_hidden_size}  # fmt: skip
-    else:
-        raise ValueError(f"unknown architecture {config.architecture!r}: use 'qwen2_5_vl' or 'qwen2_vl'")
+    if config.family in ("qwen3_vl", "qwen3_5"):
+        text["head_dim"] = head_dim
+        rope["mrope_interleaved"] = True
+    if config.family == "qwen3_5":  # Gated DeltaNet layers, then full attention, as in Qwen3.5's 3:1 pattern
+        rope["partial_rotary_factor"] = spec.rotary_fraction
+        linear = max(1, config.num_hidden_layers - 1)
+        text |= {"layer_types": ["linear_attention"] * linear + ["full_attention"] * (config.num_hidden_layers - linear),
+                 "linear_conv_kernel_dim": 4, "linear_key_head_dim": head_dim, "linear_value_head_dim": head_dim,
+                 "linear_num_key_heads": config.num_key_value_heads,
+                 "linear_num_value_heads": config.num_attention_heads}  # fmt: skip
+    return text
+
+
+def _vision_config(config: TinyConfig, spec: _Family) -> dict:
+    common = {"depth": config.vision_depth, "num_heads": config.vision_num_heads, "patch_size": spec.patch_size,
+              "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+    if config.family == "qwen2_vl":
+        return common | {"embed_dim": config.vision_hidden_size, "hidden_size": config.hidden_size,
+                         "mlp_ratio": config.vision_intermediate_size // config.vision_hidden_size}  # fmt: skip
+    common |= {"hidden_size": config.vision_hidden_size, "intermediate_size": config.vision_intermediate_size,
+               "out_hidden_size": config.hidden_size}  # fmt: skip
+    if config.family == "qwen2_5_vl":
+        return common | {"window_size": 112, "fullatt_block_indexes": [config.vision_depth - 1]}
+    common["num_position_embeddings"] = 256  # a 16x16 grid of learned positions, interpolated to each image's
+    if config.family == "qwen3_vl":
+        common["deepstack_visual_indexes"] = [0]  # one DeepStack feature, merged into the first text layer
+    return common
+
+
+def build_model(tokenizer, config: TinyConfig):
+    """A randomly initialised model of the family sized by ``config`` (seeded)."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    spec = _spec(config.family)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config_class = getattr(transformers, spec.config_class)
     model_config = config_class(
-        text_config=text_config,
-        vision_config=vision_config,
+        text_config=_text_config(ids, len(tokenizer), config, spec),
+        vision_config=_vision_config(config, spec),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -244,7 +339,7 @@ def build_model(tokenizer, config: TinyConfig):
         tie_word_embeddings=True,
     )
     torch.manual_seed(config.seed)
-    model = model_class(model_config)
+    model = getattr(transformers, spec.model_class)(model_config)
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
@@ -254,7 +349,7 @@ def build_model(tokenizer, config: TinyConfig):
 
 
 def build_tiny_model(output: str | Path, config: TinyConfig | None = None) -> Path:
-    """Write tokenizer, processor and a random-init tiny Qwen2.5-VL to ``output``; return the folder."""
+    """Write tokenizer, processor and a random-init tiny model of ``config.family`` to ``output``; return the folder."""
     import json
 
     config = config or TinyConfig()
@@ -267,7 +362,7 @@ def build_tiny_model(output: str | Path, config: TinyConfig | None = None) -> Pa
     processor.save_pretrained(output)
     (output / "suzak_tiny.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
     n_params = sum(p.numel() for p in model.parameters())
-    logger.info("tiny Qwen2.5-VL (%d parameters, vocab %d) written to %s", n_params, len(tokenizer), output)
+    logger.info("tiny %s (%d parameters, vocab %d) written to %s", config.family, n_params, len(tokenizer), output)
     return output
 
 
@@ -278,10 +373,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden_size", type=int, default=TinyConfig.hidden_size)
     parser.add_argument("--num_hidden_layers", type=int, default=TinyConfig.num_hidden_layers)
     parser.add_argument("--vocab_size", type=int, default=TinyConfig.vocab_size, help="BPE vocabulary size")
-    parser.add_argument("--architecture", default="qwen2_5_vl", choices=["qwen2_5_vl", "qwen2_vl"])
+    parser.add_argument("--family", default=DEFAULT_FAMILY, choices=list(FAMILIES),
+                        help=f"the Qwen VL generation to build (default {DEFAULT_FAMILY})")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = TinyConfig(
+        family=args.family,
         seed=args.seed,
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_hidden_layers,
