@@ -285,6 +285,31 @@ def test_budget_below_one_token_of_the_model(loaded):
         PixelBudget(100, 900).for_model(processor)
 
 
+def test_qwen3_5_thinking_prompt_stops_a_think_answer_run(loaded):
+    """Qwen3.5's template opens <think> in the prompt: R1-V's think_answer format would score every completion 0."""
+    from suzak.checks import check_answer_opening
+
+    processor, _ = loaded("qwen3_5")
+    with pytest.raises(SuzakError, match=r"ends every generation prompt with <think> \(Qwen3.5's thinking mode\)"):
+        check_answer_opening(processor, "think_answer")
+    check_answer_opening(processor, "plain")  # a bare answer is fine inside the thinking block
+    check_answer_opening(processor, "think_answer", {"enable_thinking": False})  # the template closes it
+    for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        check_answer_opening(loaded(family)[0], "think_answer")
+
+
+def test_qwen3_5_grpo_with_think_format_stops_before_step_1(family_model_dir, tmp_path):
+    from suzak.rewards import REWARDS
+    from test_trainer import image_dataset, make_trainer
+
+    trainer = make_trainer(family_model_dir("qwen3_5"), tmp_path, image_dataset(4), [REWARDS["think_format"]],
+                           budget=PixelBudget(3136, 50176), max_steps=1)  # fmt: skip
+    trainer.answer_format = "think_answer"
+    with pytest.raises(SuzakError, match="<think>"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
 def test_render_prompt_reaches_each_familys_vocabulary(loaded):
     """R1-V's prompt and an ideal answer tokenize compactly in every family's tiny vocabulary."""
     for family in FAMILIES:

@@ -2,6 +2,8 @@
 
 - :func:`preflight`: every reward scores 1.0 on the ideal completion of a few rows (the gold answer rendered in the
   recipe's answer format); a parser/format mismatch, the usual cause of "reward stuck at 0", stops the run;
+- :func:`check_answer_opening`: a chat template that opens the answer format's first tag in the prompt (Qwen3.5's
+  thinking mode opens ``<think>``) would leave every completion without it, and its format reward at 0;
 - :func:`check_vllm_bounds`: vLLM resizes images into the bounds of the processor saved in the model folder, so a
   pixel budget outside them would give vLLM other image sizes than training;
 - :func:`precheck`: visual tokens and prompt lengths over a sample of the dataset, with a warning when prompt +
@@ -23,6 +25,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,7 +39,7 @@ from suzak.prompts import render_answer
 from suzak.trl_internals import reward_call_kwargs
 from suzak.vision import PixelBudget, images_of, processor_bounds, prompt_tokens, to_rgb
 
-__all__ = ["RowProblem", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
+__all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +138,31 @@ def _discard(*args, **kwargs) -> None:
 
 def _name(func: Callable) -> str:
     return getattr(func, "__name__", type(func).__name__)
+
+
+def check_answer_opening(processing_class: Any, answer_format: str, chat_template_kwargs: dict | None = None) -> None:
+    """Stop before step 1 when the chat template opens, at the end of every generation prompt, the tag the answer
+    format's completions start with.
+
+    Qwen3.5's template ends the prompt with ``<think>\\n`` (its thinking mode): the policy continues inside the
+    thinking block and never writes ``<think>`` itself, so R1-V's ``think_answer`` format (``<think>…</think>
+    <answer>…</answer>``, scored by ``think_format``) would score every completion 0, silently. ``chat_template_kwargs``
+    are TRL's (``GRPOConfig.chat_template_kwargs``), applied as training applies them.
+    """
+    tag = re.match(r"\s*<([A-Za-z_][\w-]*)>", render_answer(answer_format, "1"))
+    if tag is None:
+        return
+    messages = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
+    prompt = processing_class.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  **(chat_template_kwargs or {}))  # fmt: skip
+    if re.search(rf"<{tag.group(1)}>\s*$", prompt):
+        raise SuzakError(
+            f"the model's chat template ends every generation prompt with <{tag.group(1)}> (Qwen3.5's thinking mode): "
+            f"completions start inside it and never write <{tag.group(1)}> themselves, so the {answer_format!r} answer "
+            f"format (prompt_template) would get a format reward of 0 for every completion. Use a prompt template whose "
+            f"answers do not open with <{tag.group(1)}> (e.g. plain), or a model whose template leaves the assistant "
+            "turn empty (Qwen3-VL Instruct)"
+        )
 
 
 def check_vllm_bounds(model_path: str, budget: PixelBudget, *, server: bool = False) -> None:

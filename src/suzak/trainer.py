@@ -31,7 +31,7 @@ import datasets
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_callback import ProgressCallback
 
-from suzak.checks import check_vllm_bounds, precheck, preflight
+from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.trl_internals import GRPOHooks, RewardFault
@@ -158,12 +158,14 @@ class VLMGRPOTrainer(GRPOHooks):
         return f"{folder} holds the {step} completed step(s): fix the cause, then rerun with {resume}"
 
     def run_pre_checks(self) -> None:
-        """Reward pre-flight (stops the run on a reward/format mismatch), vLLM's image bounds, the visual-token report."""
+        """Reward pre-flight (stops the run on a reward/format mismatch or a chat template that opens the answer's
+        first tag itself), vLLM's image bounds, the visual-token report."""
         dataset = self.train_dataset
         has_images = "image" in dataset.column_names or "images" in dataset.column_names
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:
+            check_answer_opening(self.processing_class, self.answer_format, self.chat_template_kwargs)
             weights = self.args.reward_weights
             preflight(
                 dataset, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows, reward_weights=weights
