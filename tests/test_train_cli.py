@@ -133,13 +133,52 @@ def test_config_equals_form_and_exact_flags(tmp_path):
     assert os.environ.pop("SUZAK_TEST_RECIPE_ENV") == "set"  # TrlParser's env mapping still applies
 
 
-@pytest.mark.parametrize("recipe", ["clevr_qwen2.5vl_7b.yaml", "clevr_qwen2.5vl_3b.yaml"])
+@pytest.mark.parametrize("recipe", ["clevr_qwen2.5vl_7b.yaml", "clevr_qwen2.5vl_3b.yaml", "clevr_qwen2vl_2b.yaml",
+                                    "clevr_qwen3vl_2b.yaml"])  # fmt: skip
 def test_h100_recipes_parse(recipe):
     suzak_args, grpo, model = parse_args(["--config", str(ROOT / "recipes" / recipe)])
-    assert model.model_name_or_path.startswith("Qwen/Qwen2.5-VL-")
+    assert model.model_name_or_path.startswith(("Qwen/Qwen2.5-VL-", "Qwen/Qwen2-VL-", "Qwen/Qwen3-VL-"))
     assert suzak_args.max_pixels == 401408 and suzak_args.prompt_template == "r1v"
-    assert suzak_args.rewards == ["clevr_count", "think_format"]
+    assert suzak_args.dataset_name == "clevr_cogen" and suzak_args.rewards == ["clevr_count", "think_format"]
     assert (grpo.num_generations, grpo.learning_rate, grpo.beta) == (8, 1e-6, 0.04)
+
+
+# min/max pixels the families' Hub checkpoints' processor configs ship (vLLM resizes into them).
+HUB_PROCESSOR_BOUNDS = {"qwen2_vl": (3136, 12845056), "qwen2_5_vl": (3136, 12845056), "qwen3_vl": (65536, 16777216)}
+# R1-V's published runs as recipes: (recipe, model, dataset, rewards, (steps, epochs), pixels, published numbers in the
+# header, the per-step settings R1-V ran with: gradient accumulation, completion tokens)
+R1V_RUNS = [
+    ("clevr_qwen2vl_2b.yaml", "Qwen/Qwen2-VL-2B-Instruct", "clevr_cogen", ["clevr_count", "think_format"], (100, None),
+     (3136, 401408), ["48.0 (96/200) -> 82.5 (165/200)"], (2, 256)),
+    ("geoqa_qwen2.5vl_3b.yaml", "Qwen/Qwen2.5-VL-3B-Instruct", "geoqa_r1v", ["math_accuracy", "think_format"],
+     (-1, 1.0), (3136, 501760), ["35.41 (267/754) -> 47.48 (358/754)", "1 epoch"], (4, 2048)),
+    ("clevr_qwen3vl_2b.yaml", "Qwen/Qwen3-VL-2B-Instruct", "clevr_cogen", ["clevr_count", "think_format"], (100, None),
+     (65536, 401408), ["Published: none for Qwen3-VL", "48.0 -> 82.5"], (2, 512)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("recipe", "model_name", "dataset", "rewards", "length", "pixels", "published", "per_step"),
+                         R1V_RUNS, ids=[r[0] for r in R1V_RUNS])  # fmt: skip
+def test_r1v_run_recipes(recipe, model_name, dataset, rewards, length, pixels, published, per_step):
+    from transformers import AutoConfig
+
+    from suzak.vision import PixelBudget
+
+    path = ROOT / "recipes" / recipe
+    suzak_args, grpo, model = parse_args(["--config", str(path)])
+    assert (model.model_name_or_path, suzak_args.dataset_name, suzak_args.rewards) == (model_name, dataset, rewards)
+    assert grpo.max_steps == length[0] and (length[1] is None or grpo.num_train_epochs == length[1])
+    assert (suzak_args.min_pixels, suzak_args.max_pixels) == pixels and suzak_args.prompt_template == "r1v"
+    assert (grpo.num_generations, grpo.per_device_train_batch_size, grpo.learning_rate, grpo.beta) == (8, 8, 1e-6, 0.04)
+    assert (grpo.gradient_accumulation_steps, grpo.max_completion_length) == per_step
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert all(text in header for text in published)
+    # The budget on the model's own patch grid (transformers' config of its family), inside the bounds its
+    # checkpoints' processor ships (3136..12845056 for Qwen2/2.5-VL, 65536..16777216 for Qwen3-VL): vLLM agrees.
+    model_type = {"Qwen2-VL": "qwen2_vl", "Qwen2.5-VL": "qwen2_5_vl", "Qwen3-VL": "qwen3_vl"}[model_name[5:-12]]
+    budget = PixelBudget(*pixels).for_model(AutoConfig.for_model(model_type))
+    assert budget.factor == (32 if model_type == "qwen3_vl" else 28)
+    assert budget.within(*HUB_PROCESSOR_BOUNDS[model_type])  # so check_vllm_bounds lets use_vllm run
 
 
 @pytest.mark.parametrize("name", ["zero2.json", "zero2_offload.json", "zero3.json"])
