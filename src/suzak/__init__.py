@@ -1,4 +1,5 @@
-"""suzak: GRPO for Qwen2.5-VL on verifiable rewards, a thin layer over TRL's GRPOTrainer."""
+"""suzak: GRPO for Qwen VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5) on verifiable rewards, a thin layer over
+TRL's GRPOTrainer."""
 
 __version__ = "0.1.0"
 

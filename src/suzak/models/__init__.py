@@ -1,2 +1,2 @@
-"""Models: loading a checkpoint for training or evaluation (dtype, attention, LoRA adapters) and the offline tiny
-Qwen2.5-VL that tests and demos use (``python -m suzak.tiny``)."""
+"""Models: loading a checkpoint for training or evaluation (dtype, attention, LoRA adapters, the family check) and
+the offline tiny model of each Qwen VL family that tests and demos use (``python -m suzak.tiny``)."""
