@@ -5,7 +5,7 @@ virtualenv with the GPU path's pins (docs/benchmarks.md, "vLLM boundary tests"):
 puts vLLM on its CPU platform, which is enough for vLLM's input processing (tokenizer, multimodal processor, sampling-parameter
 checks). Generation itself needs the GPU (bench/bench_grpo_speed.py, bench/bench_eval_speed.py).
 
-What it pins down, on the tiny model and 8 mixed image sizes:
+What it pins down, on the tiny model (and the tiny Qwen2-VL, Qwen3-VL and Qwen3.5) and 8 mixed image sizes:
 - evaluation (``VLLMEngine``): vLLM turns each request into exactly the prompt ids the HF engine feeds the model,
   with the budget's visual tokens, for budgets inside and outside the checkpoint's saved processor bounds;
 - training (TRL's colocate call): processor-expanded prompt ids are expanded a second time by vLLM (TRL #6294);
@@ -63,6 +63,32 @@ def test_eval_requests_become_the_hf_engines_prompts(input_processor, tiny_model
         hf_ids = processor(text=[engine.prompt_text(row)], images=[image], return_tensors="pt")["input_ids"][0]
         assert request.mm_features[0].mm_position.length == budget.tokens(*reversed(SIZES[i]))
         assert list(request.prompt_token_ids) == hf_ids.tolist()
+
+
+@pytest.mark.parametrize(("family", "factor"), [("qwen2_vl", 28), ("qwen3_vl", 32), ("qwen3_5", 32)])
+def test_each_family_reaches_vllm_with_the_budgets_tokens(input_processor, family_model_dir, family, factor):
+    """The other families' tiny models through vLLM's own processor: eval requests (fitted images and
+    mm_processor_kwargs) and the trainer's collapsed colocate prompts both give the HF prompt and the budget's
+    visual tokens on the family's patch grid."""
+    path = family_model_dir(family)
+    processor = AutoProcessor.from_pretrained(path)
+    engine = VLLMEngine(str(path), processor, PixelBudget(3136, 401408), vllm_module=vllm, progress=False)
+    assert engine.budget.factor == factor
+    vllm_inputs = input_processor(**engine.engine_kwargs())
+    colocate = input_processor(model=str(path))  # as TRL starts it: no processor settings
+    params = engine.sampling_params(0.0, None)
+    for i, row in enumerate(_rows()):
+        request = _processed(vllm_inputs, engine.request(row), params, str(i))
+        (image,) = engine.fitted_images(row)
+        hf_ids = processor(text=[engine.prompt_text(row)], images=[image], return_tensors="pt")["input_ids"][0]
+        assert request.mm_features[0].mm_position.length == engine.budget.tokens(*reversed(SIZES[i]))
+        assert list(request.prompt_token_ids) == hf_ids.tolist()
+        ids, image = _training_prompt_ids(processor, engine.budget, row)
+        collapsed = {
+            "prompt_token_ids": collapse_runs(ids, processor.image_token_id),
+            "multi_modal_data": {"image": image},
+        }
+        assert list(_processed(colocate, collapsed, params, f"c{i}").prompt_token_ids) == ids
 
 
 def test_sampling_params_are_vllms(input_processor, tiny_model_dir):
