@@ -43,7 +43,9 @@ def test_counting_dataset_conditions(tmp_path):
     aligned = counting_dataset(30, seed=2, cache_dir=str(tmp_path))
     assert set(aligned.column_names) == {"prompt", "image", "solution"}
     assert set(aligned["solution"]) == {"1", "2", "3"}
-    assert {row["image"].size for row in aligned} == {TASKS["counting"].image_size}
+    assert {row["image"].size for row in aligned} == {TASKS["counting"].image_size(28)}  # 4x3 tokens of 28 pixels
+    larger = counting_dataset(3, seed=2, cache_dir=str(tmp_path), size=TASKS["counting"].image_size(32))
+    assert {row["image"].size for row in larger} == {(128, 96)}  # the same 4x3 tokens of Qwen3-VL's 32 pixels
     heldout = counting_dataset(30, seed=2, start=30, cache_dir=str(tmp_path))
     assert not {r["image"].tobytes() for r in heldout} & {r["image"].tobytes() for r in aligned}
     shuffled = counting_dataset(30, seed=2, images="shuffled", cache_dir=str(tmp_path))
@@ -62,6 +64,9 @@ def test_config_takes_task_defaults():
     assert SelfTestConfig(task="counting", steps=7).steps == 7
     with pytest.raises(ValueError, match="unknown self-test task"):
         SelfTestConfig(task="shape")
+    assert SelfTestConfig().family == "qwen2_5_vl" and SelfTestConfig(family="qwen3_5").family == "qwen3_5"
+    with pytest.raises(ValueError, match="unknown model family 'qwen4_vl'; known: qwen2_vl, qwen2_5_vl, qwen3_vl"):
+        SelfTestConfig(family="qwen4_vl")
 
 
 def test_first_token_reward_is_zero_one():
@@ -109,6 +114,7 @@ def test_report_fails_when_evaluation_does_not_suppress():
               "unsuppressed_in_eval": ["<|image_pad|>"]}  # fmt: skip
     text = format_report(report)
     assert text.splitlines()[2] == "| 1-10 | 0.500 |" and "FAIL: reward over the last 10 steps: aligned 0.950" in text
+    assert "FAIL (qwen3_vl): reward over" in format_report(report | {"family": "qwen3_vl"})
     assert text.splitlines()[-1].startswith("FAIL: the evaluation engine does not suppress <|image_pad|>")
 
 
@@ -143,6 +149,21 @@ def test_counting_selftest_learns_to_count_aligned_but_not_shuffled(tmp_path):
     assert report["aligned_accuracy"] >= 0.6 and 0.2 <= report["control_accuracy"] <= 0.47
     assert report["heldout_accuracy"] >= 0.6  # unseen scenes, greedy, through the evaluation engine
     assert report["detail"]["heldout"]["shuffled"] < 0.5
+
+
+@pytest.mark.slow
+def test_selftest_passes_on_a_tiny_qwen3_vl(tmp_path):
+    """The color self-test on the Qwen3-VL generation (32-pixel visual tokens, 64x64 squares, Qwen3-VL's template
+    and DeepStack vision tower): PASS as on Qwen2.5-VL (times and curves per family: docs/selftest.md)."""
+    report_path = tmp_path / "qwen3_vl.json"
+    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--family", "qwen3_vl", "--seed", "0", "--json",
+                             str(report_path)], capture_output=True, text=True, timeout=2400)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "PASS (qwen3_vl):" in result.stdout
+    report = json.loads(report_path.read_text())
+    assert report["family"] == "qwen3_vl" and report["passed"] and report["aligned_accuracy"] >= 0.9
+    assert 0.3 <= report["control_accuracy"] <= 0.7 and report["heldout_accuracy"] >= 0.9
+    assert report["unsuppressed_in_eval"] == []
 
 
 def test_vllm_selftest_needs_a_gpu_and_configures_colocate(tmp_path):
