@@ -145,14 +145,15 @@ def plain_trl_trainer(suzak_args, grpo_args, model_args, callbacks):
     from transformers import AutoProcessor
     from trl import GRPOTrainer, get_peft_config
 
-    from suzak.models.loading import load_model_and_processor
+    from suzak.models.loading import load_model_and_processor, model_budget
     from suzak.rewards import resolve_rewards
     from suzak.session import build_datasets
 
     model, _ = load_model_and_processor(model_args, grpo_args)  # the same weights, dtype and attention as suzak's
     processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, min_pixels=suzak_args.min_pixels,
                                               max_pixels=suzak_args.max_pixels, padding_side="left")  # fmt: skip
-    dataset, _ = build_datasets(suzak_args, grpo_args)
+    dataset, _ = build_datasets(suzak_args, grpo_args, model_budget(model_args, suzak_args.min_pixels,
+                                                                    suzak_args.max_pixels))  # fmt: skip
     rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
     return GRPOTrainer(model=model, reward_funcs=rewards, args=grpo_args, train_dataset=dataset,
                        processing_class=processor, peft_config=get_peft_config(model_args), callbacks=callbacks)  # fmt: skip
