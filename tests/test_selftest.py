@@ -65,6 +65,10 @@ def test_config_takes_task_defaults():
     with pytest.raises(ValueError, match="unknown self-test task"):
         SelfTestConfig(task="shape")
     assert SelfTestConfig().family == "qwen2_5_vl" and SelfTestConfig(family="qwen3_5").family == "qwen3_5"
+    assert (SelfTestConfig().steps, SelfTestConfig().learning_rate) == (150, 1e-3)  # Qwen2.5-VL's, as measured
+    for family in ("qwen3_vl", "qwen3_5"):  # collapse at 1e-3; measured to pass at 5e-4 (docs/selftest.md)
+        assert (SelfTestConfig(family=family).steps, SelfTestConfig(family=family).learning_rate) == (250, 5e-4)
+    assert SelfTestConfig(family="qwen3_vl", steps=9, learning_rate=1e-3).learning_rate == 1e-3
     with pytest.raises(ValueError, match="unknown model family 'qwen4_vl'; known: qwen2_vl, qwen2_5_vl, qwen3_vl"):
         SelfTestConfig(family="qwen4_vl")
 
