@@ -1,13 +1,13 @@
 """Build a tiny, real Qwen VL model offline: for tests, the smoke run and the self-test. One per family:
 
-============  ======================================  ==================  ================  =====================
-``--family``  model class                             processor           patch × merge     chat template
-============  ======================================  ==================  ================  =====================
-qwen2_vl      ``Qwen2VLForConditionalGeneration``     Qwen2VLProcessor    14 × 2 = 28       Qwen2-VL-Instruct's
-qwen2_5_vl    ``Qwen2_5_VLForConditionalGeneration``  Qwen2_5_VLProcessor 14 × 2 = 28       Qwen2.5-VL-Instruct's
-qwen3_vl      ``Qwen3VLForConditionalGeneration``     Qwen3VLProcessor    16 × 2 = 32       Qwen3-VL-Instruct's
-qwen3_5       ``Qwen3_5ForConditionalGeneration``     Qwen3VLProcessor    16 × 2 = 32       Qwen3.5's (thinking)
-============  ======================================  ==================  ================  =====================
+============  ======================================  ===================  =============  =======================
+``--family``  model class                             processor            patch × merge  chat template
+============  ======================================  ===================  =============  =======================
+qwen2_vl      ``Qwen2VLForConditionalGeneration``     Qwen2VLProcessor     14 × 2 = 28    Qwen2-VL-Instruct's
+qwen2_5_vl    ``Qwen2_5_VLForConditionalGeneration``  Qwen2_5_VLProcessor  14 × 2 = 28    Qwen2.5-VL-Instruct's
+qwen3_vl      ``Qwen3VLForConditionalGeneration``     Qwen3VLProcessor     16 × 2 = 32    Qwen3-VL-Instruct's
+qwen3_5       ``Qwen3_5ForConditionalGeneration``     Qwen3VLProcessor     16 × 2 = 32    Qwen3.5's (thinking)
+============  ======================================  ===================  =============  =======================
 
 No weights or tokenizers can be downloaded here, so this writes a complete model folder from scratch:
 

@@ -226,7 +226,9 @@ def _training_section(facts: TrainingFacts) -> list[str]:
     from suzak.runs.record import training_seconds
 
     lo, hi, factor = facts.setting("min_pixels"), facts.setting("max_pixels"), facts.patch_factor
-    tokens = f" (at most {hi // factor**2} visual tokens of {factor}x{factor} pixels per image)" if factor and hi else ""
+    tokens = (
+        f" (at most {hi // factor**2} visual tokens of {factor}x{factor} pixels per image)" if factor and hi else ""
+    )
     budget = f"{lo}..{hi} pixels{tokens}" if lo and hi else "not recorded"
     seconds = training_seconds(facts.run_info)
     launches = facts.run_info.get("launches", [])
