@@ -77,7 +77,9 @@ def test_demo_preset_learns(tmp_path, run_env):
     """The quickstart's run, whole: held-out accuracy from ~0 to >= 0.9 and the reward well above chance (0.5 once
     the model answers with a colour word); the live view shows the finished run."""
     out = tmp_path / "demo"
-    result = run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "demo", "--output_dir", str(out)], run_env)
+    # ~2 min on an idle 2-core machine is the aim; 14 min was measured with other jobs loading it (docs/benchmarks.md)
+    result = run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "demo", "--output_dir", str(out)], run_env,
+                    timeout=2400)  # fmt: skip
     accuracy = [(int(r["step"]), float(r["eval/accuracy"])) for r in metrics_rows(out) if r["eval/accuracy"]]
     assert [step for step, _ in accuracy] == [0, 25, 50, 75, 100, 125, 150]
     assert accuracy[0][1] <= 0.1 and accuracy[-1][1] >= 0.9, accuracy
