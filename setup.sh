@@ -155,4 +155,4 @@ def version(name):
 print("installed: " + ", ".join(f"{n} {version(n)}" for n in names))
 EOF
 [ "$use_active" = 1 ] || echo "activate with:  . .venv/bin/activate"
-echo "next:  bash src/scripts/run_grpo_clevr.sh --preset smoke   (offline CPU smoke run)"
+echo "next:  bash src/scripts/run_grpo_clevr.sh --preset demo   (offline CPU run that visibly learns; --preset smoke: a 20 s check)"

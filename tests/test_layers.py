@@ -20,7 +20,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runs", ("suzak.runs.*",)),
     ("release", ("suzak.release.*",)),
     ("training", ("suzak.configs", "suzak.trainer", "suzak.session")),
-    ("commands", ("suzak.train", "suzak.sft", "suzak.selftest", "suzak.tiny", "suzak.export", "suzak.plot")),
+    ("commands", ("suzak.train", "suzak.sft", "suzak.selftest", "suzak.watch", "suzak.tiny", "suzak.export",
+                  "suzak.plot")),
 ]  # fmt: skip
 
 

@@ -291,7 +291,7 @@ def test_r1v_accuracy_bad_gold_names_row(gold):
 
 def test_registry_names():
     assert set(REWARDS) == {"clevr_count", "think_format", "gsm8k_accuracy", "gsm8k_format", "math_accuracy",
-                            "r1v_accuracy"}  # fmt: skip
+                            "r1v_accuracy", "word_match"}  # fmt: skip
     for name, func in REWARDS.items():
         assert callable(func) and func.__name__ == name
         assert resolve_reward(name) is func
@@ -345,3 +345,17 @@ def test_resolve_rewards():
     assert resolve_rewards(["think_format"], None) == [think_format]
     with pytest.raises(SuzakError, match="gsm8k_format"):
         resolve_rewards(["clevr_count"], {"gsm8k_format": {"style": "think"}})
+
+
+def test_word_match_reads_one_word_answers_in_either_format():
+    from suzak.rewards import gold_parser, word_match
+
+    logged = {}
+    scores = word_match(["red", " Blue.", "red blue", "", "<answer>red</answer>"], solution=["red", "blue", "red",
+                        "red", "red"], log_metric=logged.__setitem__)  # fmt: skip
+    assert scores == [1.0, 1.0, 0.0, 0.0, 0.0] and logged == {"word_match/unparsed_frac": 0.4}
+    tagged = resolve_reward("word_match", {"answer_format": "think_answer"})
+    assert tagged(["<think>it is red</think> <answer> Red </answer>", "red"], solution=["red", "red"]) == [1.0, 0.0]
+    assert gold_parser(tagged)(" Blue ") == "blue"  # the dataset validation reads gold words with it
+    with pytest.raises(ValueError, match="no word parser for answer format 'gsm8k_hash'"):
+        word_match(["red"], solution=["red"], answer_format="gsm8k_hash")

@@ -62,7 +62,7 @@ def test_sft_smoke_then_grpo_gsm8k_from_it(tmp_path, run_env):
     with (grpo_out / "eval_samples.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     logged = {log["step"]: log["eval/accuracy"] for log in history if "eval/accuracy" in log}
-    assert sorted(logged) == [2, 4]
+    assert sorted(logged) == [0, 2, 4]  # step 0: the baseline before training
     for step, accuracy in logged.items():
         mine = [r for r in rows if int(r["step"]) == step]
         assert len(mine) == 8  # the recipe's eval_rows, held out of the 40-row file
@@ -82,7 +82,7 @@ def test_clevr_sft_smoke_starts_clevr_grpo(tmp_path, run_env):
     history = last_trainer_state(sft_out)["log_history"]
     losses = [log["loss"] for log in history if "loss" in log]
     assert losses[-1] < losses[0]
-    assert sorted(log["step"] for log in history if "eval/accuracy" in log) == [4, 8]  # image prompts evaluated
+    assert sorted(log["step"] for log in history if "eval/accuracy" in log) == [0, 4, 8]  # image prompts evaluated
     assert type(AutoModelForImageTextToText.from_pretrained(sft_out)).__name__ == "Qwen2_5_VLForConditionalGeneration"
     run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
           "--max_steps", "2", "--output_dir", str(tmp_path / "grpo")], run_env)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import numpy as np
@@ -126,7 +127,7 @@ def test_budget_validation():
 def test_processor_sees_budget_tokens_after_fit(tiny_processor):
     """After fit_image + configure_processor, the processor's token count equals the budget's prediction."""
     budget = PixelBudget(3136, 100352).for_model(tiny_processor)
-    processor = configure_processor(tiny_processor, budget)
+    processor = configure_processor(copy.deepcopy(tiny_processor), budget)  # the session's processor stays as loaded
     sizes = [(320, 240), (640, 480), (17, 900), (1000, 1000)]
     images = [budget.fit(Image.new("RGB", s, (50, 60, 70))) for s in sizes]
     out = processor.image_processor(images=images, return_tensors="pt")
@@ -143,6 +144,7 @@ def test_beyond_qwens_aspect_ratio_is_padded_and_counted_alike(size, tiny_proces
     image = Image.new("RGB", size, (10, 200, 30))
     fitted = budget.fit(image)
     assert max(fitted.size) / min(fitted.size) <= 200 and fitted.size[0] % 28 == fitted.size[1] % 28 == 0
+    tiny_processor = configure_processor(copy.deepcopy(tiny_processor), budget)
     grid = tiny_processor.image_processor(images=[fitted], return_tensors="pt")["image_grid_thw"]
     assert int(grid.prod() // 4) == budget.tokens(size[1], size[0])
     middle = fitted.getpixel((fitted.width // 2, fitted.height // 2))

@@ -1,6 +1,7 @@
 # common.sh - sourced by the launch scripts: repo root, virtualenv, .env, GPU count, and the launcher.
 #   launch MODULE ARGS...   runs `python -m MODULE` (no GPU) or torchrun over every visible GPU, multi-node via
-#                           NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT.
+#                           NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT (src/scripts/slurm/ sets them from
+#                           SLURM's variables). SUZAK_DRY_RUN=1 prints the command instead of running it.
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi
 
@@ -26,13 +27,18 @@ fi
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 
 launch() {
-  local module=$1; shift
+  local module=$1 cmd; shift
   if [ "$NPROC" -eq 0 ]; then
-    python -m "$module" "$@"
+    cmd=(python -m "$module" "$@")
   else
-    torchrun --nnodes "${NNODES:-1}" --node_rank "${NODE_RANK:-0}" --nproc_per_node "$NPROC" \
-      --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" -m "$module" "$@"
+    cmd=(torchrun --nnodes "${NNODES:-1}" --node_rank "${NODE_RANK:-0}" --nproc_per_node "$NPROC"
+         --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" -m "$module" "$@")
   fi
+  if [ -n "${SUZAK_DRY_RUN:-}" ]; then  # print the command instead of running it (a check of a cluster's setup)
+    echo "dry run: ${cmd[*]}"
+    return
+  fi
+  "${cmd[@]}"
 }
 
 # output_dir the run will use: --output_dir on the command line, else OUTPUT_DIR, else the recipe's.
@@ -43,16 +49,25 @@ output_dir_of() {
   python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get("output_dir", "?"))' "$recipe"
 }
 
-# run_recipe MODULE DEFAULT_RECIPE SMOKE_RECIPE ARGS...: the body of every launch script.
-#   --preset smoke -> SMOKE_RECIPE, no DeepSpeed; --recipe PATH; everything else overrides the recipe.
+# preset_recipe NAME PRESETS: the recipe of preset NAME in PRESETS ("smoke=recipes/smoke.yaml demo=...").
+preset_recipe() {
+  local name=$1 pair
+  for pair in $2; do [ "${pair%%=*}" = "$name" ] && { echo "${pair#*=}"; return; }; done
+  local known; known=$(for pair in $2; do printf '%s ' "${pair%%=*}"; done)
+  echo "unknown preset $name (known: ${known% })" >&2; return 2
+}
+
+# run_recipe MODULE DEFAULT_RECIPE PRESETS ARGS...: the body of every launch script.
+#   --preset NAME -> that preset's recipe from PRESETS ("smoke=recipes/smoke.yaml demo=recipes/demo.yaml"), CPU
+#   recipes, so no DeepSpeed; --recipe PATH; everything else overrides the recipe.
 #   DeepSpeed ZeRO-2 by default (ZeRO-2 + optimizer offload on a single GPU; see docs/benchmarks.md).
 run_recipe() {
-  local module=$1 recipe=$2 smoke=$3 deepspeed=ds_configs/zero2.json args=() out
+  local module=$1 recipe=$2 presets=$3 deepspeed=ds_configs/zero2.json args=() out
   shift 3
   while [ $# -gt 0 ]; do
     case $1 in
-      --preset) [ "$2" = smoke ] || { echo "unknown preset $2 (known: smoke)" >&2; return 2; }
-                recipe=$smoke deepspeed=""; shift 2 ;;
+      --preset) recipe=$(preset_recipe "$2" "$presets") || return 2
+                deepspeed=""; shift 2 ;;
       --recipe) recipe=$2; shift 2 ;;
       *) args+=("$1"); shift ;;
     esac
@@ -64,5 +79,6 @@ run_recipe() {
   out=$(output_dir_of "$recipe" "${args[@]}")
   echo "recipe $recipe | deepspeed ${deepspeed:-off} | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
   launch "$module" --config "$recipe" "${args[@]}"
-  echo "checkpoints: $out/checkpoint-*   final model + processor: $out   metrics: $out/metrics.csv   plots: $out/plots/"
+  echo "checkpoints: $out/checkpoint-*   final model + processor: $out   log: $out/train.log   metrics: $out/metrics.csv"
+  echo "plots: $out/plots/*.png   live view: python -m suzak.watch $out"
 }

@@ -10,4 +10,4 @@
 # Any further flag overrides the recipe; .env supplies tokens and MODEL / DATASET / OUTPUT_DIR.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-run_recipe suzak.train recipes/gsm8k_qwen2.5_1.5b.yaml recipes/gsm8k_smoke.yaml "$@"
+run_recipe suzak.train recipes/gsm8k_qwen2.5_1.5b.yaml "smoke=recipes/gsm8k_smoke.yaml" "$@"

@@ -9,4 +9,4 @@
 # Any further flag overrides the recipe; .env supplies tokens and MODEL / DATASET / OUTPUT_DIR.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-run_recipe suzak.sft recipes/sft_gsm8k_qwen2.5_1.5b.yaml recipes/sft_smoke.yaml "$@"
+run_recipe suzak.sft recipes/sft_gsm8k_qwen2.5_1.5b.yaml "smoke=recipes/sft_smoke.yaml" "$@"

@@ -40,9 +40,11 @@ __all__ = [
     "parse_gsm8k_answer",
     "parse_int_answer",
     "parse_number",
+    "parse_word",
     "r1v_accuracy",
     "r1v_count",
     "r1v_math_verify",
+    "word_parser",
 ]
 
 logger = logging.getLogger(__name__)
@@ -190,6 +192,33 @@ def parse_int_answer(text: str) -> int | None:
         return _NUMBER_WORDS[text]
     match = _INT_RE.fullmatch(text)
     return int(match.group(1)) if match else None
+
+
+def parse_word(text: str) -> str | None:
+    """A one-word answer, normalised: stripped, lower case, one trailing full stop dropped; None when empty or more
+    than one word.
+
+    >>> [parse_word(s) for s in [" Red ", "red.", "blue sky", "", "<answer>red</answer>"]]
+    ['red', 'red', None, None, '<answer>red</answer>']
+    """
+    text = text.strip().lower()
+    if text.endswith("."):
+        text = text[:-1].rstrip()
+    return text if text and len(text.split()) == 1 else None
+
+
+def word_parser(answer_format: str) -> Callable[[str], str | None]:
+    """The one-word answer of a completion in ``answer_format``: ``plain`` reads the whole completion,
+    ``think_answer`` the last ``<answer>`` tag.
+
+    >>> word_parser("plain")("Blue"), word_parser("think_answer")("<think>.</think> <answer> Blue </answer>")
+    ('blue', 'blue')
+    """
+    if answer_format == "plain":
+        return parse_word
+    if answer_format == "think_answer":
+        return lambda text: None if (tag := extract_tag(text, "answer")) is None else parse_word(tag)
+    raise ValueError(f"no word parser for answer format {answer_format!r}; known: plain, think_answer")
 
 
 def parse_count(completion_text: str, answer_format: str = "think_answer") -> int | None:

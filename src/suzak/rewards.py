@@ -31,11 +31,14 @@ from suzak.parsing import (
     parse_gsm8k_answer,
     parse_int_answer,
     parse_number,
+    parse_word,
+    word_parser,
 )
 from suzak.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
+    "word_match",
     "clevr_count",
     "gsm8k_accuracy",
     "gsm8k_format",
@@ -225,10 +228,36 @@ def r1v_accuracy(completions: list, solution: list, **kwargs) -> list[float | No
     return [float(_r1v_accuracy(completion_text(c), str(s))) for c, s in zip(completions, solution, strict=True)]
 
 
+# --- one-word answers --------------------------------------------------------------------------------------------
+
+
+@_reads_gold(parse_word)
+def word_match(
+    completions: list,
+    solution: list,
+    answer_format: str = "plain",
+    log_metric: Callable | None = None,
+    log_extra: Callable | None = None,
+    **kwargs,
+) -> list[float | None]:
+    """1.0 when the answer is the gold word (case and a trailing full stop ignored), else 0.0.
+
+    For one-word answers (a colour, yes/no); the quickstart's demo recipe trains the colour questions of
+    ``color_squares`` with it. ``answer_format``: ``plain`` (the whole completion is the answer, the default) or
+    ``think_answer`` (the last ``<answer>`` tag).
+
+    >>> word_match(["red", "Blue.", "red blue", "<answer>red</answer>"], solution=["red", "blue", "red", "red"])
+    [1.0, 1.0, 0.0, 0.0]
+    """
+    parse_answer = word_parser(answer_format)
+    return _answer_match("word_match", completions, solution, parse_word, parse_answer, log_metric, log_extra)
+
+
 # --- registry ----------------------------------------------------------------------------------------------------
 
 REWARDS: dict[str, Callable] = {
-    f.__name__: f for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy)
+    f.__name__: f
+    for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match)
 }
 
 

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+
+from suzak.data.colors import COLORS
 
 from suzak.vision import PixelBudget
 
@@ -65,9 +66,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-QUESTION = "What color is the image?"
-COLORS = {"red": (200, 30, 30), "blue": (30, 30, 200)}
-GREY = (120, 120, 120)
 
 # Counting scenes: 1-3 large objects, zoomed in 2x, drawn at 4x3 visual tokens (112x84 pixels at 28 per token). At
 # CLEVR's own scale and sizes, objects are a few pixels wide here and the tiny model does not learn to count them
@@ -162,28 +160,12 @@ class SelfTestConfig:
         return TASKS[self.task]
 
 
-def _square(rng: np.random.Generator, rgb: tuple[int, int, int], size: int) -> Image.Image:
-    jitter = rng.integers(-25, 26, size=3)  # per image, so no two images are equal
-    color = np.clip(np.array(rgb) + jitter, 0, 255).astype(np.uint8)
-    return Image.fromarray(np.broadcast_to(color, (size, size, 3)).copy(), "RGB")
-
-
 def color_dataset(num_rows: int, seed: int, images: str = "aligned", size: int = 56):
-    """Rows {prompt, image, solution}: a red or blue square and its colour word (``images`` picks the control)."""
-    import datasets
+    """Rows {prompt, image, solution}: a red or blue square and its colour word (``images`` picks the control);
+    the ``color_squares`` builder's rows (:mod:`suzak.data.colors`), which the demo recipe trains on too."""
+    from suzak.data.colors import color_squares
 
-    from suzak.prompts import build_conversation
-
-    rng = np.random.default_rng(seed)
-    labels = rng.choice(sorted(COLORS), size=num_rows)
-    pictures = [_square(rng, GREY if images == "grey" else COLORS[label], size) for label in labels]
-    if images == "shuffled":
-        pictures = [pictures[i] for i in rng.permutation(num_rows)]
-    elif images not in ("aligned", "grey"):
-        raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
-    rows = [{"prompt": build_conversation(QUESTION), "image": image, "solution": str(label)}
-            for image, label in zip(pictures, labels, strict=True)]  # fmt: skip
-    return datasets.Dataset.from_list(rows)
+    return color_squares(num_rows, seed=seed, images=images, size=size).select_columns(["prompt", "image", "solution"])
 
 
 def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,

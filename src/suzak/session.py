@@ -4,8 +4,9 @@ Parse the recipe, build the datasets (held-out rows for the generation eval neve
 resume from the newest complete checkpoint when asked, start the run's records, train, save, then close the record,
 draw the plots and publish when ``push_to_hub`` is set. A run that made no optimizer step is an error
 (:func:`check_trained`), never exit 0. Besides checkpoints, every run writes to its output dir:
-``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``metrics.csv``
-and ``completions.csv`` (streamed, :mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
+``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``train.log``
+(rank 0's console log, :mod:`suzak.runs.logfile`), ``metrics.csv`` and ``completions.csv`` (streamed,
+:mod:`suzak.runs.streams`) and, at the end, ``plots/*.png``
 (:mod:`suzak.runs.plots`). ``push_to_hub: true`` publishes the final model once, at the end, with suzak's model card
 (:mod:`suzak.release.publish`); the Trainer's own per-save pushes are turned off. The Hub token is taken for that
 release before the Trainer exists and cleared from the arguments it pickles into ``training_args.bin``.
@@ -13,6 +14,7 @@ release before the Trainer exists and cleared from the arguments it pickles into
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -146,9 +148,16 @@ def build_eval_callback(suzak_args, args, heldout, processing_class, budget):
 
 
 def add_first(trainer, callback) -> None:
-    """Add ``callback`` ahead of the reporters, so values it adds to a log line reach W&B/TensorBoard."""
+    """Add ``callback`` ahead of the reporters, so values it adds to a log line reach W&B/TensorBoard; a callback
+    with a ``trainer_log`` slot (the generation eval's step-0 baseline) gets the Trainer's ``log``: transformers'
+    own, which adds the line to the log history and hands it to every callback; TRL's GRPO and SFT ``log`` would
+    also average and clear the step's training metrics, and print or save completions, none of which exist yet."""
+    from transformers import Trainer
+
     if callback is not None:
         trainer.callback_handler.callbacks.insert(0, callback)
+        if hasattr(callback, "trainer_log"):
+            callback.trainer_log = functools.partial(Trainer.log, trainer)
 
 
 def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None, start_step: int):
@@ -205,17 +214,23 @@ def check_trained(trainer, start_step: int) -> None:
 
 
 def _finish(trainer, release) -> None:
-    """Main process, after the final save: close run_info.json, draw the plots, publish when asked."""
+    """Main process, after the final save: draw the plots, say how the run's accuracy and reward moved, close
+    run_info.json, publish when asked."""
     from suzak.runs.plots import plot_run
+    from suzak.runs.progress import before_after
     from suzak.runs.record import finish_run
 
     output_dir = trainer.args.output_dir
-    finish_run(output_dir, trainer.state.global_step)
     try:
-        plot_run(output_dir)
+        written = plot_run(output_dir)
+        logger.info("plots: %s", ", ".join(str(path) for path in written))
     except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a finished run; said, not hidden
         logger.warning("plots failed (%s: %s); retry with `python -m suzak.plot %s`", type(error).__name__, error,
                        output_dir)  # fmt: skip
+    summary = before_after(output_dir)
+    if summary:
+        logger.info("before -> after: %s", summary)
+    finish_run(output_dir, trainer.state.global_step)  # last: `python -m suzak.watch` stops when it sees this
     if release is not None:
         release.publish(output_dir)
 
@@ -230,6 +245,7 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
 
     from suzak.redaction import clear_secret_fields
     from suzak.release.publish import release_request
+    from suzak.runs.logfile import TrainLog
     from suzak.runs.record import config_path
 
     load_dotenv(os.environ.get("SUZAK_ENV_FILE", ".env"), override=False)
@@ -239,16 +255,38 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     clear_secret_fields(suzak_args, train_args, model_args)  # the release keeps its token; training_args.bin never
     train_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
     setup_reporting(train_args, recipe=config_path(argv))
+    log = TrainLog(train_args.output_dir, full_argv(argv)) if train_args.process_index == 0 else None
+    try:
+        _run(argv, (suzak_args, train_args, model_args), build, release, log)
+    except SuzakError as error:
+        if log is not None:
+            log.error(str(error))
+        raise
+    except Exception:
+        if log is not None:
+            log.crash()
+        raise
+    finally:
+        if log is not None:
+            log.close()
+    return train_args.output_dir
+
+
+def _run(argv: list[str], parsed: tuple, build: Callable, release, log) -> None:
+    """Resume, build, train, save and finish a parsed run; rank 0's ``log`` (train.log) records it."""
+    suzak_args, train_args, model_args = parsed
     resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
     trainer = build(suzak_args, train_args, model_args)
+    if log is not None:
+        trainer.add_callback(log.callback())
     start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
-    markers = _start_records(trainer, argv, (suzak_args, train_args, model_args), resume, start_step)
+    markers = _start_records(trainer, argv, parsed, resume, start_step)
     _train_and_save(trainer, resume, markers, start_step)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(train_args.output_dir)
         logger.info("model and processor saved to %s", train_args.output_dir)
         _finish(trainer, release)
-    return train_args.output_dir
+        logger.info("done: checkpoints, trainer_state.json, train.log and plots in %s", train_args.output_dir)
 
 
 def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
@@ -258,8 +296,6 @@ def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     try:
-        output_dir = run(argv, parse, build)
+        run(argv, parse, build)
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
-    if int(os.environ.get("RANK", "0")) == 0:
-        logger.info("done: checkpoints, trainer_state.json and logs in %s", output_dir)

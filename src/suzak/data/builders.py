@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
+from suzak.data.colors import color_squares
 from suzak.parsing import gold_answer
 from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
@@ -33,6 +34,7 @@ __all__ = [
     "build_dataset",
     "clevr_cogen",
     "clevr_synthetic",
+    "color_squares",
     "geoqa_r1v",
     "gsm8k",
     "jsonl",
@@ -292,6 +294,7 @@ def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str,
 
 DATASETS: dict[str, Callable[..., Any]] = {
     "clevr_synthetic": clevr_synthetic,
+    "color_squares": color_squares,
     "clevr_cogen": clevr_cogen,
     "geoqa_r1v": geoqa_r1v,
     "gsm8k": gsm8k,

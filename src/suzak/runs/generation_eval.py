@@ -1,6 +1,6 @@
 """Accuracy by generation during training: a ``TrainerCallback`` for GRPO and SFT, text and image prompts.
 
-Every ``eval_steps`` it generates greedy answers for a fixed held-out sample with the evaluation engine
+Before the first step of a fresh run and every ``eval_steps`` it generates greedy answers for a fixed held-out sample with the evaluation engine
 (:class:`suzak.eval.engine.HFEngine`: same pixel budget, same vision-token suppression), scores them with the
 same reward function training uses, and
 
@@ -60,6 +60,10 @@ class GenerationEvalCallback(TrainerCallback):
         self.name = name
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
+        # The trainer's ``log`` (set by :func:`suzak.session.add_first`): with it, a fresh run is also evaluated
+        # before its first step.
+        self.trainer_log: Callable[[dict[str, float]], None] | None = None
+        self._baseline_due = False
 
     # --- evaluation ----------------------------------------------------------------------------------------------
 
@@ -97,17 +101,38 @@ class GenerationEvalCallback(TrainerCallback):
 
     # --- trainer hooks -------------------------------------------------------------------------------------------
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._baseline_due = state.global_step == 0 and self.trainer_log is not None  # a resumed run has its own
+        return control
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        """A fresh run's step-0 accuracy, the baseline of the curve, logged as its own line at step 0.
+
+        Before the first step rather than before ``train()`` or at ``on_train_begin``: only now is the model where
+        training puts it (on its device, inside DeepSpeed) and every reporter set up (TensorBoard's writer is made
+        in its own ``on_train_begin``; a line logged earlier would make it write elsewhere).
+        """
+        if not self._baseline_due:
+            return control
+        self._baseline_due = False
+        self._evaluate_and_keep(args, state, model)
+        self.trainer_log(dict(self._pending))  # every callback's on_log, reporters included, at step 0
+        return control
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.eval_steps != 0:
             return control
+        self._evaluate_and_keep(args, state, model)
+        control.should_log = True  # log at this very step, so the value joins this step's line
+        return control
+
+    def _evaluate_and_keep(self, args, state, model) -> None:
         accuracy, table = self.evaluate(model, state.global_step)
         if state.is_world_process_zero:
             self._append_csv(args.output_dir, table)
         logger.info("step %d: %s = %.4f on %d held-out rows", state.global_step, self.name, accuracy, len(table))
         self._pending = {self.name: accuracy}
         self._pending_table = table
-        control.should_log = True  # log at this very step, so the value joins this step's line
-        return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not self._pending or logs is None:

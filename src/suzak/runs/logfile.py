@@ -1,0 +1,78 @@
+"""``OUTPUT_DIR/train.log``: the run's console log, kept next to its checkpoints.
+
+The main process (rank 0) appends every log record the console shows (suzak's, TRL's and transformers' loggers,
+which has its own handler and does not propagate to the root), each logged metrics dict (the line the Trainer prints
+at every logging step) and the one ``error:`` line (or the traceback) a failed run ends with. Secret values are
+masked in every line, tracebacks included (:func:`suzak.redaction.redact`), like every other record a run writes. A resumed run appends to the same
+file, under a header naming the launch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from suzak.redaction import redact, redact_argv
+
+__all__ = ["LOG_FILE", "TrainLog"]
+
+LOG_FILE = "train.log"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Records only the file gets (metrics lines, the error line): the console already shows them its own way.
+FILE_ONLY = "suzak.train_log"
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Masks secret values in the whole formatted record, traceback included (a filter sees the message only)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+class TrainLog:
+    """The handler that writes ``train.log``, attached to the console's loggers until :meth:`close`.
+
+    >>> import tempfile; folder = Path(tempfile.mkdtemp())
+    >>> log = TrainLog(folder, ["--max_steps", "2"]); logging.getLogger("suzak.demo").warning("hello"); log.close()
+    >>> [line.split(" ", 2)[2] for line in (folder / LOG_FILE).read_text().splitlines()]
+    ['INFO suzak.train_log: launch: --max_steps 2', 'WARNING suzak.demo: hello']
+    """
+
+    def __init__(self, output_dir: str | Path, argv: list[str] | None = None):
+        self.path = Path(output_dir) / LOG_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handler = logging.FileHandler(self.path, mode="a", encoding="utf-8")
+        self.handler.setFormatter(_RedactingFormatter(FORMAT))
+        self.loggers = [logging.getLogger(), logging.getLogger("transformers"), logging.getLogger(FILE_ONLY)]
+        for logger in self.loggers:
+            logger.addHandler(self.handler)
+        self.file_only = logging.getLogger(FILE_ONLY)
+        self.file_only.propagate = False  # the console shows these its own way (or not at all)
+        self.file_only.setLevel(logging.INFO)
+        self.file_only.info("launch: %s", " ".join(redact_argv(argv or [])))
+
+    def error(self, message: str) -> None:
+        """The ``error: ...`` line the command is about to print and exit with."""
+        self.file_only.error("error: %s", message)
+
+    def crash(self) -> None:
+        """The traceback of the exception being handled (the console shows it as Python prints it)."""
+        self.file_only.error("the run stopped on an exception", exc_info=True)
+
+    def callback(self) -> TrainerCallback:
+        """A callback that writes each logged metrics dict (rank 0's) as one line."""
+        file_only = self.file_only
+
+        class MetricsLines(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if state.is_world_process_zero and logs:
+                    file_only.info("step %d: %s", state.global_step, logs)
+
+        return MetricsLines()
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.removeHandler(self.handler)
+        self.handler.close()
