@@ -7,6 +7,7 @@ and an evaluation run; SFT, a LoRA export and a release. A family suzak does not
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -85,7 +86,7 @@ def test_budget_predicts_the_processors_visual_tokens(loaded, family):
     processor, model = loaded(family)
     budget = PixelBudget(3136, 401408).for_model(processor)
     assert budget.factor == FACTOR[family]
-    configure_processor(processor, budget)
+    processor = configure_processor(copy.deepcopy(processor), budget)  # the module's cached processor stays as loaded
     merge = processor.image_processor.merge_size
     images = [Image.new("RGB", size, (20 * i, 90, 200)) for i, size in enumerate(SIZES)]
     expected = [budget.tokens(h, w) for w, h in SIZES]
