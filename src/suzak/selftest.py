@@ -48,7 +48,6 @@ from pathlib import Path
 import numpy as np
 
 from suzak.data.colors import COLORS
-
 from suzak.vision import PixelBudget
 
 __all__ = [
