@@ -206,6 +206,23 @@ def test_missing_model_is_one_clear_line(tmp_path):
         load_model_and_processor(ModelConfig(model_name_or_path="Qwen/Qwen2.5-VL-7B-Instruct"), None)
 
 
+def test_a_missing_relative_folder_with_one_slash_names_the_folder(tmp_path, monkeypatch):
+    """``models/qwen3`` (no such folder, but ``models/`` exists) is read as a Hub id: the line says why."""
+    from trl import ModelConfig
+
+    from suzak.models.loading import load_model_and_processor
+
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SuzakError) as error:
+        load_model_and_processor(ModelConfig(model_name_or_path="models/qwen3"), None)
+    message = str(error.value)
+    assert message.startswith("cannot load model 'models/qwen3':") and "\n" not in message
+    assert "no folder 'models/qwen3' here" in message and "'models/' is one" in message
+    assert "./models/qwen3" in message
+
+
 EMPTY_SAFETENSORS = struct.pack("<Q", 2) + b"{}"  # a valid safetensors file of 10 bytes: header length, no tensors
 
 

@@ -178,9 +178,19 @@ def _load_config(path: str, revision: str | None):
         except (OSError, ValueError) as error:
             why = "the Hub is unreachable and it is not in the local cache" if offline else str(error).splitlines()[0]
             raise SuzakError(
-                f"cannot load model {path!r}: {why}. Download it where there is network "
+                f"cannot load model {path!r}: {why}.{_relative_folder_hint(path)} Download it where there is network "
                 f"(`hf download {path} --local-dir /models/NAME`) and set model_name_or_path (or MODEL in .env) to that folder"
             ) from None
+
+
+def _relative_folder_hint(name: str) -> str:
+    """For an ``ORG/NAME`` id whose ``ORG`` is a folder here (``models/qwen3``): it was read as a Hub id because
+    ``models/qwen3`` does not exist; say so, since a relative folder path was the likely intent."""
+    parent = Path(name).expanduser().parent
+    if name.count("/") != 1 or not parent.is_dir():
+        return ""
+    return (f" It was read as a Hub id because there is no folder {name!r} here (in {Path.cwd()}), though "
+            f"{str(parent) + '/'!r} is one: check the folder name, or write the path as ./{name}.")  # fmt: skip
 
 
 def _checked_config(model_args):
