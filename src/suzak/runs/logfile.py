@@ -2,7 +2,9 @@
 
 The main process (rank 0) appends every log record the console shows (suzak's, TRL's and transformers' loggers,
 which has its own handler and does not propagate to the root), each logged metrics dict (the line the Trainer prints
-at every logging step) and the one ``error:`` line (or the traceback) a failed run ends with. Secret values are
+at every logging step), every Python warning the console prints (``warnings.warn``: transformers' and torch's
+deprecations and hints, once each as Python shows them) and the one ``error:`` line (or the traceback) a failed run
+ends with. Secret values are
 masked in every line, tracebacks included (:func:`suzak.redaction.redact`), like every other record a run writes. A resumed run appends to the same
 file, under a header naming the launch.
 """
@@ -10,6 +12,7 @@ file, under a header naming the launch.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -52,6 +55,12 @@ class TrainLog:
         self.file_only.propagate = False  # the console shows these its own way (or not at all)
         self.file_only.setLevel(logging.INFO)
         self.file_only.info("launch: %s", " ".join(redact_argv(argv or [])))
+        self._showwarning = warnings.showwarning  # the console still prints each warning as Python does
+        warnings.showwarning = self._show_warning
+
+    def _show_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        self._showwarning(message, category, filename, lineno, file, line)
+        self.file_only.warning("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
 
     def error(self, message: str) -> None:
         """The ``error: ...`` line the command is about to print and exit with."""
@@ -73,6 +82,8 @@ class TrainLog:
         return MetricsLines()
 
     def close(self) -> None:
+        if warnings.showwarning == self._show_warning:
+            warnings.showwarning = self._showwarning
         for logger in self.loggers:
             logger.removeHandler(self.handler)
         self.handler.close()
