@@ -70,6 +70,7 @@ def test_demo_preset_logs_a_step_zero_baseline(tmp_path, run_env):
     assert re.search(r"before -> after: held-out eval/accuracy \d\.\d{3} at step 0 -> \d\.\d{3} at step 2; reward "
                      r"\d\.\d{3} \(steps 1-2\) -> \d\.\d{3} \(steps 1-2\)", result.stderr)  # fmt: skip
     assert f"plots: {out}/plots/*.png" in result.stdout and (out / "plots" / "accuracy.png").is_file()
+    assert "checkpoints: none saved   final model + processor:" in result.stdout  # the demo's save_strategy: no
 
 
 @pytest.mark.slow

@@ -294,7 +294,8 @@ def test_smoke_preset_through_launch_script(tmp_path, run_env):
     out = tmp_path / "smoke"
     result = run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--max_steps", "2",
                    "--output_dir", str(out)], run_env)  # fmt: skip
-    assert f"output {out}" in result.stdout and "checkpoints:" in result.stdout
+    assert f"output {out}" in result.stdout
+    assert f"checkpoints: 1 (newest {out}/checkpoint-2)   final model + processor: {out}" in result.stdout
     assert "reward pre-flight passed" in result.stderr
     assert last_trainer_state(out)["global_step"] == 2
     model = AutoModelForImageTextToText.from_pretrained(out)

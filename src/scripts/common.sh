@@ -49,6 +49,18 @@ output_dir_of() {
   python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get("output_dir", "?"))' "$recipe"
 }
 
+# checkpoints_in DIR: what the run left in DIR ("3 (newest DIR/checkpoint-300)", or "none saved" with save_strategy no).
+checkpoints_in() {
+  local path step count=0 newest=-1
+  for path in "$1"/checkpoint-*; do
+    [ -d "$path" ] || continue
+    step=${path##*/checkpoint-}
+    case $step in ''|*[!0-9]*) continue ;; esac
+    count=$((count + 1)); [ "$step" -gt "$newest" ] && newest=$step
+  done
+  if [ "$count" -eq 0 ]; then echo "none saved"; else echo "$count (newest $1/checkpoint-$newest)"; fi
+}
+
 # preset_recipe NAME PRESETS: the recipe of preset NAME in PRESETS ("smoke=recipes/smoke.yaml demo=...").
 preset_recipe() {
   local name=$1 pair
@@ -79,6 +91,6 @@ run_recipe() {
   out=$(output_dir_of "$recipe" "${args[@]}")
   echo "recipe $recipe | deepspeed ${deepspeed:-off} | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
   launch "$module" --config "$recipe" "${args[@]}"
-  echo "checkpoints: $out/checkpoint-*   final model + processor: $out   log: $out/train.log   metrics: $out/metrics.csv"
+  echo "checkpoints: $(checkpoints_in "$out")   final model + processor: $out   log: $out/train.log   metrics: $out/metrics.csv"
   echo "plots: $out/plots/*.png   live view: python -m suzak.watch $out"
 }

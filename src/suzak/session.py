@@ -286,7 +286,7 @@ def _run(argv: list[str], parsed: tuple, build: Callable, release, log) -> None:
         trainer.processing_class.save_pretrained(train_args.output_dir)
         logger.info("model and processor saved to %s", train_args.output_dir)
         _finish(trainer, release)
-        logger.info("done: checkpoints, trainer_state.json, train.log and plots in %s", train_args.output_dir)
+        logger.info("done: model and processor, train.log, metrics.csv and plots in %s", train_args.output_dir)
 
 
 def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
