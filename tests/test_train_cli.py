@@ -14,6 +14,7 @@ import pytest
 from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
 from suzak.configs import parse_args
+from suzak.rewards import resolve_rewards
 from suzak.runs.checkpoints import checkpoint_problem, latest_checkpoint
 from suzak.session import setup_reporting
 
@@ -40,6 +41,33 @@ def test_json_dataset_options_on_the_cli():
     assert suzak_args.dataset_options == {"num_rows": 64, "seed": 3, "min_objects": 3, "max_objects": 6}
     with pytest.raises(SuzakError, match="JSON object"):
         parse_args(["--config", SMOKE, "--dataset_options", "{num_rows"])
+
+
+def test_reward_kwargs_on_the_cli_update_the_recipes_reward_by_reward(tmp_path, caplog):
+    """gsm8k_smoke.yaml runs [gsm8k_accuracy, gsm8k_format] with {gsm8k_format: {style: hash}}."""
+    import yaml
+
+    recipe = ["--config", "recipes/gsm8k_smoke.yaml"]
+    assert parse_args(recipe)[0].reward_kwargs == {"gsm8k_format": {"style": "hash"}}
+    assert parse_args([*recipe, "--reward_kwargs", '{"gsm8k_format": {"style": "think"}}'])[0].reward_kwargs == {
+        "gsm8k_format": {"style": "think"}}  # fmt: skip
+    two = yaml.safe_load(Path(SMOKE).read_text()) | {"rewards": ["clevr_count", "gsm8k_format"],
+                                                     "reward_kwargs": {"gsm8k_format": {"style": "hash"}}}  # fmt: skip
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(two))
+    merged = parse_args(["--config", str(tmp_path / "two.yaml"), "--reward_kwargs",
+                         '{"clevr_count": {"answer_format": "plain"}}'])[0]  # fmt: skip
+    assert merged.reward_kwargs == {"gsm8k_format": {"style": "hash"}, "clevr_count": {"answer_format": "plain"}}
+    resolve_rewards(merged.rewards, merged.reward_kwargs)  # the recipe's other reward keeps its kwargs
+    dropped = parse_args([*recipe, '--reward_kwargs={"gsm8k_format": null}'])[0]
+    assert dropped.reward_kwargs is None
+    with caplog.at_level("INFO", logger="suzak.configs"):
+        fewer = parse_args([*recipe, "--rewards", "gsm8k_accuracy", "--reward_weights", "1.0"])[0]
+    assert fewer.reward_kwargs is None and "the recipe's reward_kwargs for it are not applied" in caplog.text
+    resolve_rewards(fewer.rewards, fewer.reward_kwargs)  # runs: no stray kwargs for the reward left out
+    stray = parse_args([*recipe, "--rewards", "gsm8k_accuracy", "--reward_weights", "1.0", "--reward_kwargs",
+                        '{"gsm8k_format": {"style": "hash"}}'])[0]  # fmt: skip
+    with pytest.raises(SuzakError, match="reward kwargs given for gsm8k_format, which is not among the rewards"):
+        resolve_rewards(stray.rewards, stray.reward_kwargs)  # the CLI's own kwargs for a reward not run: an error
 
 
 def test_env_overrides_recipe_and_cli_overrides_env(monkeypatch):

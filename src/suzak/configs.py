@@ -71,8 +71,10 @@ class SuzakArguments:
         metadata={"help": "Reward names (suzak.rewards.REWARDS) or dotted import paths; weights: reward_weights."},
     )
     reward_kwargs: dict | str | None = field(
-        default=None, metadata={"help": "Per-reward keyword arguments, e.g. {gsm8k_format: {style: hash}}."}
-    )
+        default=None,
+        metadata={"help": "Per-reward keyword arguments, e.g. {gsm8k_format: {style: hash}}. On the command line "
+                          "they update the recipe's reward by reward, key by key ({reward: null} drops the recipe's)."},
+    )  # fmt: skip
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
     preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
     skip_bad_rows: bool = field(
@@ -306,7 +308,12 @@ def _parse(config_class, argv: list[str] | None):
     if model_args.model_name_or_path is None:
         raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
     _recipe_dataset_options(suzak_args, recipe, flags)
+    _recipe_reward_kwargs(suzak_args, recipe, flags)
     return suzak_args, config, model_args
+
+
+def _given(flags: list[str], name: str) -> bool:
+    return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in flags)
 
 
 def _recipe_dataset_options(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
@@ -320,7 +327,7 @@ def _recipe_dataset_options(suzak_args: SuzakArguments, recipe: dict, flags: lis
     same_dataset = own is None or own == suzak_args.dataset_name
     if not isinstance(mine, dict) or not mine:
         return
-    if any(a == "--dataset_options" or a.startswith("--dataset_options=") for a in flags):
+    if _given(flags, "dataset_options"):
         if same_dataset and isinstance(suzak_args.dataset_options, dict):
             suzak_args.dataset_options = {**mine, **suzak_args.dataset_options}
         return
@@ -328,6 +335,34 @@ def _recipe_dataset_options(suzak_args: SuzakArguments, recipe: dict, flags: lis
         logger.info("dataset_name %s replaces the recipe's %s: the recipe's dataset_options %s are not applied",
                     suzak_args.dataset_name, own, mine)  # fmt: skip
         suzak_args.dataset_options = None
+
+
+def _recipe_reward_kwargs(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
+    """The recipe's ``reward_kwargs`` are per reward, and the CLI's update them reward by reward, key by key.
+
+    ``--reward_kwargs '{"clevr_count": {"answer_format": "plain"}}'`` keeps the recipe's kwargs of its other rewards;
+    a reward given as null there drops the recipe's kwargs for it. When ``--rewards`` leaves one of the recipe's
+    rewards out, the recipe's kwargs for it are not applied (logged); kwargs the CLI gives for a reward that is not
+    run, or a recipe's kwargs for a reward the recipe does not run, stay an error
+    (:func:`suzak.rewards.resolve_rewards`).
+    """
+    mine = recipe.get("reward_kwargs")
+    if not isinstance(mine, dict) or not mine:
+        return
+    given = suzak_args.reward_kwargs if _given(flags, "reward_kwargs") else {}
+    if not isinstance(given, dict) or not all(isinstance(v, dict) or v is None for v in mine.values()):
+        return  # not per-reward mappings: resolve_rewards names what is wrong
+    merged = {name: dict(kwargs or {}) for name, kwargs in mine.items() if name not in given}
+    for name, kwargs in given.items():
+        if kwargs is not None:
+            merged[name] = {**(mine.get(name) or {}), **kwargs} if isinstance(kwargs, dict) else kwargs
+    # only what --rewards leaves out: a recipe whose kwargs name a reward it does not run stays an error
+    cut = _given(flags, "rewards")
+    dropped = sorted(name for name in merged if cut and name not in given and name not in suzak_args.rewards)
+    if dropped:
+        logger.info("rewards %s leave out %s: the recipe's reward_kwargs for it are not applied", suzak_args.rewards,
+                    ", ".join(dropped))  # fmt: skip
+    suzak_args.reward_kwargs = {name: kwargs for name, kwargs in merged.items() if name not in dropped} or None
 
 
 def parse_args(argv: list[str] | None = None):
