@@ -48,7 +48,8 @@ from pathlib import Path
 import numpy as np
 
 from suzak.data.colors import COLORS
-from suzak.vision import PixelBudget
+from suzak.models.tiny import DEFAULT_FAMILY, FAMILIES
+from suzak.vision import PixelBudget, family_factors
 
 __all__ = [
     "TASKS",
@@ -66,10 +67,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-# Counting scenes: 1-3 large objects, zoomed in 2x, drawn at 4x3 visual tokens (112x84 pixels at 28 per token). At
-# CLEVR's own scale and sizes, objects are a few pixels wide here and the tiny model does not learn to count them
-# (docs/selftest.md).
-COUNTING_IMAGE = (112, 84)  # the default family's size
+# Counting scenes: 1-3 large objects, zoomed in 2x, drawn at 4x3 visual tokens (TASKS; 112x84 pixels at 28 per
+# token). At CLEVR's own scale and sizes, objects are a few pixels wide here and the tiny model does not learn to
+# count them (docs/selftest.md).
 COUNTING_OBJECTS = (1, 3)
 COUNTING_SIZES = ("large",)
 COUNTING_ZOOM = 2.0
@@ -128,7 +128,7 @@ class SelfTestConfig:
     (``TASKS``, :meth:`TaskSpec.schedule`)."""
 
     task: str = "color"
-    family: str = "qwen2_5_vl"  # the tiny model's (suzak.models.tiny.FAMILIES)
+    family: str = DEFAULT_FAMILY  # the tiny model's (suzak.models.tiny.FAMILIES)
     seed: int = 0
     steps: int | None = None
     learning_rate: float | None = None
@@ -142,8 +142,6 @@ class SelfTestConfig:
     vllm: bool = False  # training generates with vLLM colocated on the GPU (each run in its own process)
 
     def __post_init__(self):
-        from suzak.models.tiny import FAMILIES
-
         if self.task not in TASKS:
             raise ValueError(f"unknown self-test task {self.task!r}; known: {', '.join(TASKS)}")
         if self.family not in FAMILIES:
@@ -159,18 +157,29 @@ class SelfTestConfig:
         return TASKS[self.task]
 
 
-def color_dataset(num_rows: int, seed: int, images: str = "aligned", size: int = 56):
-    """Rows {prompt, image, solution}: a red or blue square and its colour word (``images`` picks the control);
-    the ``color_squares`` builder's rows (:mod:`suzak.data.colors`), which the demo recipe trains on too."""
+def _default_size(task: str) -> tuple[int, int]:
+    """(width, height) of the task's images for the default family's tiny model.
+
+    >>> _default_size("color"), _default_size("counting")
+    ((56, 56), (112, 84))
+    """
+    return TASKS[task].image_size(family_factors()[DEFAULT_FAMILY])
+
+
+def color_dataset(num_rows: int, seed: int, images: str = "aligned", size: int | None = None):
+    """Rows {prompt, image, solution}: a red or blue square (``size`` pixels a side; default: the default family's)
+    and its colour word (``images`` picks the control); the ``color_squares`` builder's rows
+    (:mod:`suzak.data.colors`), which the demo recipe trains on too."""
     from suzak.data.colors import color_squares
 
+    size = size or _default_size("color")[0]
     return color_squares(num_rows, seed=seed, images=images, size=size).select_columns(["prompt", "image", "solution"])
 
 
 def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,
-                     size: tuple[int, int] = COUNTING_IMAGE):  # fmt: skip
+                     size: tuple[int, int] | None = None):  # fmt: skip
     """Rows {prompt, image, solution}: CLEVR scenes of 1-3 large objects, "How many ...?" and the bare count, drawn
-    at ``size`` (width, height).
+    at ``size`` (width, height; default: the default family's).
 
     Made by ``suzak.data.clevr_synthetic`` (template ``plain``). ``shuffled`` permutes the images across rows and
     keeps the counts; ``grey`` shows every row the empty table.
@@ -182,7 +191,7 @@ def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: i
 
     if images not in ("aligned", "shuffled", "grey"):
         raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
-    width, height = size
+    width, height = size or _default_size("counting")
     dataset = clevr_synthetic(
         num_rows, seed=seed, start=start, min_objects=COUNTING_OBJECTS[0], max_objects=COUNTING_OBJECTS[1],
         question_types=("total",), width=width, height=height, sizes=COUNTING_SIZES, zoom=COUNTING_ZOOM,
@@ -468,10 +477,21 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _families() -> list[str]:
-    from suzak.models.tiny import FAMILIES
+def _schedules() -> str:
+    """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
 
-    return list(FAMILIES)
+    >>> _schedules()
+    'color 150, counting 300; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    """
+    text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
+    for name, spec in TASKS.items():
+        by_schedule: dict[tuple[int, float], list[str]] = {}
+        for family, schedule in spec.family_schedule.items():
+            by_schedule.setdefault(schedule, []).append(family)
+        for (steps, lr), families in by_schedule.items():
+            lr_text = np.format_float_scientific(lr, trim="-", exp_digits=1)  # 5e-4, as the recipes write it
+            text += f"; {name} on {' and '.join(families)}: {steps} at lr {lr_text}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -479,15 +499,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", choices=list(TASKS), default="color",
                         help="color: red/blue squares, the quick install check; counting: CLEVR scenes of 1-3 "
                         "objects with the clevr_count reward (slower)")  # fmt: skip
-    parser.add_argument("--family", choices=_families(), default="qwen2_5_vl",
-                        help="the tiny model's Qwen VL generation (default qwen2_5_vl)")  # fmt: skip
+    parser.add_argument("--family", choices=list(FAMILIES), default=DEFAULT_FAMILY,
+                        help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip
     parser.add_argument("--images", choices=["aligned", "shuffled", "grey"], default=None,
                         help="run only this condition (default: aligned, then the shuffled control)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
-                        help="GRPO steps per run (default: the task's, " + ", ".join(
-                            f"{name} {spec.steps}" for name, spec in TASKS.items()) + "; color on qwen3_vl and "
-                        "qwen3_5: 250 at lr 5e-4)")  # fmt: skip
+                        help="GRPO steps per run (default: the task's, " + _schedules() + ")")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--vllm", action="store_true",
                         help="training generates with vLLM colocated on the GPU (needs --device cuda and vLLM)")  # fmt: skip
