@@ -352,17 +352,20 @@ def _recipe_reward_kwargs(suzak_args: SuzakArguments, recipe: dict, flags: list[
     given = suzak_args.reward_kwargs if _given(flags, "reward_kwargs") else {}
     if not isinstance(given, dict) or not all(isinstance(v, dict) or v is None for v in mine.values()):
         return  # not per-reward mappings: resolve_rewards names what is wrong
-    merged = {name: dict(kwargs or {}) for name, kwargs in mine.items() if name not in given}
+    merged = dict(mine)
     for name, kwargs in given.items():
-        if kwargs is not None:
+        if kwargs is None:
+            merged.pop(name, None)
+        else:
             merged[name] = {**(mine.get(name) or {}), **kwargs} if isinstance(kwargs, dict) else kwargs
-    # only what --rewards leaves out: a recipe whose kwargs name a reward it does not run stays an error
-    cut = _given(flags, "rewards")
-    dropped = sorted(name for name in merged if cut and name not in given and name not in suzak_args.rewards)
-    if dropped:
-        logger.info("rewards %s leave out %s: the recipe's reward_kwargs for it are not applied", suzak_args.rewards,
-                    ", ".join(dropped))  # fmt: skip
-    suzak_args.reward_kwargs = {name: kwargs for name, kwargs in merged.items() if name not in dropped} or None
+    # only what --rewards leaves out: a recipe naming a reward it does not run stays an error
+    if _given(flags, "rewards"):
+        dropped = sorted(name for name in mine if name not in given and name not in suzak_args.rewards)
+        if dropped:
+            logger.info("rewards %s leave out %s: the recipe's reward_kwargs for it are not applied",
+                        suzak_args.rewards, ", ".join(dropped))  # fmt: skip
+        merged = {name: kwargs for name, kwargs in merged.items() if name not in dropped}
+    suzak_args.reward_kwargs = merged or None
 
 
 def parse_args(argv: list[str] | None = None):
