@@ -71,3 +71,48 @@ def test_rejects_bad_mrope_section():
     config = TinyConfig(mrope_section=[1, 1])
     with pytest.raises(ValueError, match="mrope_section"):
         build_model(build_tokenizer(config), config)
+
+
+@pytest.mark.parametrize(
+    ("family", "hidden_size", "sections"),
+    [
+        ("qwen2_5_vl", 64, [2, 3, 3]),  # the default tiny's (unchanged)
+        ("qwen2_5_vl", 128, [4, 6, 6]),  # the vLLM-ready size
+        ("qwen2_5_vl", 96, [3, 5, 4]),  # 12 frequencies: 3, 4.5, 4.5 by largest remainder
+        ("qwen2_vl", 256, [8, 12, 12]),
+        ("qwen3_vl", 128, [4, 6, 6]),
+        ("qwen3_5", 64, [1, 1, 0]),  # rotates a quarter of head_dim 16: 2 frequencies (the default tiny's)
+        ("qwen3_5", 128, [2, 1, 1]),
+    ],
+)
+def test_mrope_sections_follow_from_any_hidden_size(family, hidden_size, sections):
+    config = TinyConfig(family=family, hidden_size=hidden_size)
+    assert config.mrope_section == sections
+    rotated = config.head_dim * (0.25 if family == "qwen3_5" else 1)
+    assert 2 * sum(sections) == rotated
+
+
+def test_cli_builds_any_hidden_size_and_the_vllm_size(tmp_path):
+    """``python -m suzak.tiny --hidden_size 128`` was a traceback (mrope_section [2, 3, 3] for head_dim 32)."""
+    import json
+
+    from suzak.models.tiny import main
+
+    main(["--output", str(tmp_path / "wide"), "--hidden_size", "128"])
+    main(["--output", str(tmp_path / "vllm"), "--vllm", "--family", "qwen3_vl"])
+    for name, family in (("wide", "Qwen2_5_VLForConditionalGeneration"), ("vllm", "Qwen3VLForConditionalGeneration")):
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["architectures"] == [family]
+        text = config["text_config"]
+        assert text["hidden_size"] == {"wide": 128, "vllm": 64}[name]
+        assert text["hidden_size"] // text["num_attention_heads"] == 32  # vLLM's CPU attention refuses 16
+        assert sum(text["rope_parameters"]["mrope_section"]) == 16
+    assert TinyConfig.for_vllm("qwen2_vl").vllm_ready and not TinyConfig().vllm_ready
+
+
+def test_cli_says_in_one_line_when_the_heads_do_not_divide_the_width(tmp_path):
+    from suzak.models.tiny import main
+
+    with pytest.raises(SystemExit, match=r"^error: hidden_size 66 / num_attention_heads 4 .* must divide"):
+        main(["--output", str(tmp_path / "x"), "--hidden_size", "66"])
+    assert not (tmp_path / "x").exists()

@@ -2,7 +2,9 @@
 classes, text models too.
 
 - ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.models.tiny`;
-  ``tiny:qwen2_vl``, ``tiny:qwen3_vl``, ``tiny:qwen3_5`` the tiny model of that family.
+  ``tiny:qwen2_vl``, ``tiny:qwen3_vl``, ``tiny:qwen3_5`` the tiny model of that family. A run that generates with
+  vLLM (``use_vllm``, ``--engine vllm``) gets the family's vLLM-ready tiny instead (head_dim 32, which vLLM's CPU
+  attention takes: :meth:`suzak.models.tiny.TinyConfig.for_vllm`), logged.
 - A vision-language checkpoint of a family suzak does not size images for is one line naming its model type and the
   supported families (:func:`suzak.vision.vision_family`), as is a processor whose patch grid disagrees with its
   model's config; :func:`model_budget` reads the pixel budget's factor from the checkpoint's config.
@@ -63,10 +65,10 @@ def tiny_family(name: str) -> str | None:
     return family
 
 
-def tiny_model_cache(family: str | None = None) -> Path:
-    """Where the tiny model of ``family`` is built: keyed by the family and a hash of the builder's source and chat
-    templates, so a changed builder never reuses a stale model (a tokenizer built by older code would not match the
-    prompts)."""
+def tiny_model_cache(family: str | None = None, *, for_vllm: bool = False) -> Path:
+    """Where the tiny model of ``family`` (its vLLM-ready size with ``for_vllm``) is built: keyed by the family, the
+    size and a hash of the builder's source and chat templates, so a changed builder never reuses a stale model (a
+    tokenizer built by older code would not match the prompts)."""
     import hashlib
 
     import suzak.models.tiny
@@ -76,26 +78,31 @@ def tiny_model_cache(family: str | None = None) -> Path:
     files = [Path(m.__file__) for m in (suzak.models.tiny, suzak.prompts)] + sorted(TEMPLATES_DIR.glob("*.jinja"))
     source = "".join(path.read_text(encoding="utf-8") for path in files)
     root = os.environ.get("SUZAK_CACHE") or Path.home() / ".cache" / "suzak"
-    return Path(root) / f"tiny-{family or DEFAULT_FAMILY}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+    size = "-vllm" if for_vllm else ""
+    return Path(root) / f"tiny-{family or DEFAULT_FAMILY}{size}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
 
-def resolve_model_path(name: str) -> str:
-    """A local path for ``tiny`` / ``tiny:<family>`` (building that tiny model once), otherwise ``name`` unchanged."""
+def resolve_model_path(name: str, *, for_vllm: bool = False) -> str:
+    """A local path for ``tiny`` / ``tiny:<family>`` (building that tiny model once; with ``for_vllm``, its vLLM-ready
+    size), otherwise ``name`` unchanged."""
     family = tiny_family(name)
     if family is None:
         return name
-    path = tiny_model_cache(family)
+    path = tiny_model_cache(family, for_vllm=for_vllm)
     if not (path / "config.json").is_file():
         import shutil
 
         from suzak.models.tiny import TinyConfig, build_tiny_model
 
-        logger.info("building the offline tiny %s in %s", family, path)
-        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"), TinyConfig(family=family))
+        config = TinyConfig.for_vllm(family) if for_vllm else TinyConfig(family=family)
+        logger.info("building the offline tiny %s%s in %s", family, " (vLLM-ready: head_dim 32)" * for_vllm, path)
+        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"), config)
         try:
             scratch.rename(path)  # whole or absent: torchrun ranks may build at the same time
         except OSError:
             shutil.rmtree(scratch)  # another process finished first; its copy is identical
+    elif for_vllm:
+        logger.info("%s with vLLM generation: the vLLM-ready tiny %s (head_dim 32) in %s", name, family, path)
     return str(path)
 
 
@@ -193,10 +200,10 @@ def _relative_folder_hint(name: str) -> str:
             f"{str(parent) + '/'!r} is one: check the folder name, or write the path as ./{name}.")  # fmt: skip
 
 
-def _checked_config(model_args):
+def _checked_config(model_args, for_vllm: bool = False):
     """(local path or Hub id, config) of the recipe's model: a folder that cannot be loaded, or a vision-language
     model of a family suzak does not support, is one line."""
-    path = resolve_model_path(model_args.model_name_or_path)
+    path = resolve_model_path(model_args.model_name_or_path, for_vllm=for_vllm)
     if problem := local_model_problem(path):
         raise SuzakError(f"cannot load model {path!r}: {problem}")
     config = _load_config(path, model_args.model_revision)
@@ -207,10 +214,10 @@ def _checked_config(model_args):
     return path, config
 
 
-def model_budget(model_args, min_pixels: int, max_pixels: int) -> PixelBudget:
+def model_budget(model_args, min_pixels: int, max_pixels: int, *, for_vllm: bool = False) -> PixelBudget:
     """The pixel budget for the recipe's model, its factor read from the model's config (no weights loaded): what
     the data checks size images with before the model loads (text models: no factor, they see no images)."""
-    _, config = _checked_config(model_args)
+    _, config = _checked_config(model_args, for_vllm)
     return PixelBudget(min_pixels, max_pixels).for_model(config)
 
 
@@ -221,7 +228,7 @@ def load_model_and_processor(model_args, training_args):
 
     from suzak.hub import offline_unless_reachable
 
-    path, config = _checked_config(model_args)
+    path, config = _checked_config(model_args, bool(getattr(training_args, "use_vllm", False)))
     is_vlm = getattr(config, "vision_config", None) is not None
     kwargs = {
         "revision": model_args.model_revision,

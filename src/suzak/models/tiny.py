@@ -24,6 +24,7 @@ No weights or tokenizers can be downloaded here, so this writes a complete model
 
     python -m suzak.tiny --output outputs/tiny-qwen2.5-vl
     python -m suzak.tiny --output outputs/tiny-qwen3-vl --family qwen3_vl
+    python -m suzak.tiny --output outputs/tiny-vllm --vllm             # head_dim 32: what vLLM's CPU build runs
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class _Family:
     image_mean: tuple[float, float, float] | None  # None: the image processor's default (OpenAI CLIP's)
     added_tokens: tuple[str, ...]
     rotary_fraction: float = 1.0  # of head_dim under M-RoPE (Qwen3.5 rotates a quarter)
+    mrope_split: tuple[int, int, int] = (2, 3, 3)  # (t, h, w) shares of the rotated half: Qwen2.5-VL's 16:24:24
 
 
 _QWEN2_ADDED = tuple(ADDED_TOKENS)
@@ -104,7 +106,7 @@ FAMILIES: dict[str, _Family] = {
     "qwen3_vl": _Family("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "Qwen3VLProcessor", "qwen3_vl", "qwen2",
                         "qwen3_vl", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED),
     "qwen3_5": _Family("Qwen3_5ForConditionalGeneration", "Qwen3_5Config", "Qwen3VLProcessor", "qwen3_vl", "qwen3_5",
-                       "qwen3_5", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED, rotary_fraction=0.25),
+                       "qwen3_5", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED, rotary_fraction=0.25, mrope_split=(11, 11, 10)),
 }  # fmt: skip
 DEFAULT_FAMILY = "qwen2_5_vl"
 
@@ -119,9 +121,35 @@ def _spec(family: str) -> _Family:
 CHAT_TEMPLATE = chat_template(DEFAULT_FAMILY)  # Qwen2.5-VL-Instruct's (and Qwen2-VL-Instruct's)
 
 
+# vLLM's CPU attention refuses head_dim 16 (the default tiny's): "Unsupported CPU attention configuration". The
+# vLLM-ready tiny keeps the default's width with 2 heads of 32 (one KV head), which it runs.
+VLLM_HEADS = 2
+VLLM_MIN_HEAD_DIM = 32
+
+
+def mrope_sections(rotated_half: int, split: tuple[int, ...] = (2, 3, 3)) -> list[int]:
+    """M-RoPE's (temporal, height, width) sections for ``rotated_half`` rotary frequencies (the rotated head_dim / 2):
+    ``split``'s shares (Qwen2.5-VL's 16:24:24 by default), rounded by largest remainder so they sum exactly.
+
+    >>> mrope_sections(8), mrope_sections(16), mrope_sections(64), mrope_sections(2, (11, 11, 10))
+    ([2, 3, 3], [4, 6, 6], [16, 24, 24], [1, 1, 0])
+    """
+    total = sum(split)
+    exact = [rotated_half * share / total for share in split]
+    sections = [int(value) for value in exact]
+    by_remainder = sorted(range(len(split)), key=lambda i: (sections[i] - exact[i], i))
+    for i in by_remainder[: rotated_half - sum(sections)]:
+        sections[i] += 1
+    return sections
+
+
 @dataclass
 class TinyConfig:
-    """Sizes of the tiny model. Defaults: ~0.3M parameters, builds in a few seconds on one core."""
+    """Sizes of the tiny model. Defaults: ~0.3M parameters, builds in a few seconds on one core.
+
+    Any ``hidden_size`` that ``num_attention_heads`` divides works: the M-RoPE sections follow from the head dimension
+    (:func:`mrope_sections`). :meth:`for_vllm` is the shape vLLM's CPU build runs (head_dim 32).
+    """
 
     family: str = DEFAULT_FAMILY  # FAMILIES: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5
     vocab_size: int = 1536  # BPE vocabulary before special tokens
@@ -130,7 +158,7 @@ class TinyConfig:
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    mrope_section: list[int] | None = None  # sums to the rotated head_dim / 2; None: [2, 3, 3], Qwen3.5 [1, 1, 0]
+    mrope_section: list[int] | None = None  # sums to the rotated head_dim / 2; None: derived (mrope_sections)
     max_position_embeddings: int = 8192
     vision_depth: int = 2
     vision_hidden_size: int = 32
@@ -142,9 +170,30 @@ class TinyConfig:
     extra_corpus: list[str] = field(default_factory=list)  # more text the BPE should learn whole words from
 
     def __post_init__(self):
-        _spec(self.family)
+        spec = _spec(self.family)
+        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
+            raise SuzakError(f"hidden_size {self.hidden_size} / num_attention_heads {self.num_attention_heads} / "
+                             f"num_key_value_heads {self.num_key_value_heads}: each must divide the one before")  # fmt: skip
+        rotated = int(self.head_dim * spec.rotary_fraction)
+        if rotated < 2 or rotated % 2:
+            raise SuzakError(f"hidden_size {self.hidden_size} gives head_dim {self.head_dim}, {rotated} of it rotated: "
+                             "M-RoPE needs an even rotated width")  # fmt: skip
         if self.mrope_section is None:
-            self.mrope_section = [1, 1, 0] if self.family == "qwen3_5" else [2, 3, 3]
+            self.mrope_section = mrope_sections(rotated // 2, spec.mrope_split)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def for_vllm(cls, family: str = DEFAULT_FAMILY, **sizes) -> TinyConfig:
+        """The tiny model vLLM's CPU build runs: the default tiny's sizes with 2 attention heads of 32 (one KV head),
+        since its CPU attention refuses head_dim 16."""
+        return cls(family=family, **{"num_attention_heads": VLLM_HEADS, "num_key_value_heads": 1} | sizes)
+
+    @property
+    def vllm_ready(self) -> bool:
+        return self.head_dim >= VLLM_MIN_HEAD_DIM
 
 
 def training_corpus(seed: int = 0) -> list[str]:
@@ -370,19 +419,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m suzak.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="folder to write the model, tokenizer and processor to")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the tokenizer corpus")
-    parser.add_argument("--hidden_size", type=int, default=TinyConfig.hidden_size)
+    parser.add_argument("--vllm", action="store_true",
+                        help=f"the size vLLM's CPU build runs ({VLLM_HEADS} heads of 32; head_dim 16 it refuses)")  # fmt: skip
+    parser.add_argument("--hidden_size", type=int, default=None,
+                        help=f"text width (default {TinyConfig.hidden_size}; any multiple of the attention heads, the "
+                        "M-RoPE sections follow from the head dimension)")  # fmt: skip
     parser.add_argument("--num_hidden_layers", type=int, default=TinyConfig.num_hidden_layers)
     parser.add_argument("--vocab_size", type=int, default=TinyConfig.vocab_size, help="BPE vocabulary size")
     parser.add_argument("--family", default=DEFAULT_FAMILY, choices=list(FAMILIES),
                         help=f"the Qwen VL generation to build (default {DEFAULT_FAMILY})")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = TinyConfig(
-        family=args.family,
-        seed=args.seed,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_hidden_layers,
-        vocab_size=args.vocab_size,
-    )
+    sizes = {"seed": args.seed, "num_hidden_layers": args.num_hidden_layers, "vocab_size": args.vocab_size}
+    if args.hidden_size is not None:
+        sizes["hidden_size"] = args.hidden_size
+    try:
+        config = TinyConfig.for_vllm(args.family, **sizes) if args.vllm else TinyConfig(family=args.family, **sizes)
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
     path = build_tiny_model(args.output, config)
     print(f"wrote {path}")
