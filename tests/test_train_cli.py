@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
@@ -143,6 +144,11 @@ def test_input_mistakes_are_one_line_from_the_command_line(tmp_path, run_env, re
         (MINIMAL, ["--load_best_model_at_end", "true", "--eval_strategy", "epoch"],
          r"invalid settings: --load_best_model_at_end requires the save and eval strategy to match"),
         (MINIMAL, ["--max_pixels", "784", "--min_pixels", "0"], r"min_pixels 0 must be at least 1"),
+        (MINIMAL, ["--sampler_check_steps", "-1"], r"sampler_check_steps -1: give a number of steps, or 0"),
+        (MINIMAL, ["--sampler_logp_tolerance", "0"], r"sampler_logp_tolerance 0.0 must be > 0"),
+        pytest.param(MINIMAL, ["--use_vllm", "true", "--vllm_mode", "server"],
+                     r"vllm_mode server needs a CUDA GPU: TRL syncs the weights to `trl vllm-serve` over NCCL",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU can run server mode")),
     ],
 )  # fmt: skip
 def test_recipe_and_flag_mistakes_are_one_line(tmp_path, recipe_text, flags, message):

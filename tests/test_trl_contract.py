@@ -151,3 +151,44 @@ def test_trainer_save_checkpoint_is_what_a_save_step_runs():
         "self._save_checkpoint(model, trial)\n"
         "            self.control = self.callback_handler.on_save(self.args, self.state, self.control)"
     ) in inspect.getsource(Trainer._maybe_log_save_evaluate)
+
+
+# --- the stale-sampler guard and vLLM on the CPU (suzak.trl_internals.SamplerGuard, colocated_vllm_on_cpu) ---------
+
+
+def test_the_scored_batch_holds_what_the_sampler_guard_reads():
+    """``GRPOHooks._check_sampler`` scores rows of the batch ``_generate_and_score_completions`` returns: prompt and
+    completion ids and masks, the images (Qwen's ``pixel_values`` / ``image_grid_thw`` / ``num_images``), the
+    multimodal token types, and vLLM's own log-probabilities of the sampled tokens, at TRL's sampling temperature."""
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        assert f'"{key}": {key},' in source
+    for key in ("sampling_per_token_logps", "pixel_values", "image_grid_thw", "mm_token_type_ids", "num_images"):
+        assert f'output["{key}"] = ' in source
+    assert "if sampling_per_token_logps is not None:" in source  # vLLM's logprobs, whatever the IS correction
+    assert "self.temperature = args.temperature" in inspect.getsource(GRPOTrainer.__init__)
+    assert "logprobs=0," in inspect.getsource(GRPOTrainer.__init__)  # vLLM returns the sampled tokens' logprobs
+
+
+def test_colocated_vllm_is_built_from_the_module_name_with_no_dtype():
+    """``colocated_vllm_on_cpu`` swaps ``trl.generation.vllm_generation.LLM`` while TRL builds the engine, to pass the
+    policy's dtype; TRL must build it by that name, and not pass a dtype of its own."""
+    import trl.generation.vllm_generation as module
+
+    source = inspect.getsource(module)
+    assert "from vllm import LLM" in source
+    init = source[source.index("self.llm = LLM(") :]
+    call = init[: init.index("\n            )\n")]
+    assert "model=model.name_or_path" in call and "dtype" not in call
+    assert 'logprobs_mode="processed_logprobs"' in call  # the sampler guard compares after temperature and bias
+
+
+def test_weight_sync_resets_the_prefix_cache_but_not_vllms_encoder_cache():
+    """``forget_vision_features_on_sync`` wraps ``VLLMGeneration.sync_weights`` and then resets vLLM's encoder cache
+    (``self.llm.llm_engine`` in colocate mode; the client's ``session`` and ``base_url`` for the server). The day TRL
+    resets it itself, this fails and the wrapper can go."""
+    source = inspect.getsource(VLLMGeneration.sync_weights)
+    assert "self.llm.reset_prefix_cache()" in source and "self.vllm_client.reset_prefix_cache()" in source
+    assert "encoder_cache" not in source
+    client = inspect.getsource(__import__("trl.generation.vllm_client", fromlist=["VLLMClient"]).VLLMClient.__init__)
+    assert "self.session = requests.Session()" in client and "self.base_url = " in client

@@ -17,6 +17,7 @@ from trl import GRPOConfig
 from suzak import SuzakError
 from suzak.models.loading import load_model_and_processor
 from suzak.trainer import VLMGRPOTrainer
+from suzak.trl_internals import SamplerGuard, StaleSampler
 from suzak.vision import PixelBudget, vision_token_ids
 from test_trainer import SIZES, image_dataset, length_reward
 
@@ -36,14 +37,22 @@ class FakeVLLMGeneration:
         self.image_token_id = processing_class.image_token_id
         self.vocab_size = len(processing_class.tokenizer)
         self.syncs = 0
+        self.events: list[str] = []  # "sync", then "encoder cache reset" (colocate) or a POST (server)
         self.requests: list[tuple[list[int], list]] = []  # (prompt ids as received, images)
         self.expanded: list[list[int]] = []  # the prompt ids vLLM would run
-        self.vllm_client = type("Client", (), {"get_server_info": lambda self: {"model_config": {
-            "logprobs_mode": "processed_logprobs"}}})()  # fmt: skip
+        events = self.events
+        engine = type("Engine", (), {"reset_encoder_cache": lambda self: events.append("encoder cache reset")})()
+        self.llm = type("LLM", (), {"llm_engine": engine})()
+        response = type("Response", (), {"status_code": 200})()
+        session = type("Session", (), {"post": lambda self, url: events.append(f"POST {url}") or response})()
+        self.vllm_client = type("Client", (), {"base_url": "http://127.0.0.1:8000", "session": session,
+                                               "get_server_info": lambda self: {"model_config": {
+                                                   "logprobs_mode": "processed_logprobs"}}})()  # fmt: skip
         FakeVLLMGeneration.instances.append(self)
 
     def sync_weights(self):
         self.syncs += 1
+        self.events.append("sync")
 
     def expand(self, ids: list[int], images: list) -> list[int]:
         """vLLM's expansion: every ``<|image_pad|>`` becomes the visual tokens of the next image (its own processor)."""
@@ -78,7 +87,9 @@ def fake_vllm(monkeypatch):
     return FakeVLLMGeneration.instances
 
 
-def _trainer(tiny_model_dir, tmp_path, budget=BUDGET, **config):
+def _trainer(tiny_model_dir, tmp_path, budget=BUDGET, guard: SamplerGuard | None = None, **config):
+    """The trainer on the stand-in; its log-probabilities are made up, so the stale-sampler guard is off unless a
+    test turns it on."""
     from trl import ModelConfig
 
     model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(tiny_model_dir)),
@@ -87,7 +98,8 @@ def _trainer(tiny_model_dir, tmp_path, budget=BUDGET, **config):
                       max_completion_length=6, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none",
                       logging_steps=1, save_strategy="no", use_vllm=True, **config)  # fmt: skip
     return VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=image_dataset(8),
-                          processing_class=processor, pixel_budget=budget, preflight_rows=0)  # fmt: skip
+                          processing_class=processor, pixel_budget=budget, preflight_rows=0,
+                          sampler_guard=guard or SamplerGuard(every=0))  # fmt: skip
 
 
 def test_colocate_gets_unexpanded_prompts_that_expand_to_the_training_ids(fake_vllm, tiny_model_dir, tmp_path):
@@ -99,6 +111,7 @@ def test_colocate_gets_unexpanded_prompts_that_expand_to_the_training_ids(fake_v
     trainer.train()
     (vllm,) = fake_vllm
     assert trainer.state.global_step == 2 and vllm.syncs == 2
+    assert vllm.events == ["sync", "encoder cache reset"] * 2  # no vision features of older weights are reused
     training_ids = [list(ids) for prompt_ids, _, _ in captured for ids in prompt_ids]
     assert len(vllm.requests) == len(training_ids) == 8  # 2 steps x 4 completions (2 prompts x 2 generations)
     pad = trainer.processing_class.image_token_id
@@ -135,6 +148,7 @@ def test_server_mode_keeps_expanded_prompts(fake_vllm, tiny_model_dir, tmp_path)
     pad = trainer.processing_class.image_token_id
     for ids, (image,) in vllm.requests:
         assert ids.count(pad) == BUDGET.tokens(image.height, image.width)
+    assert vllm.events == ["sync", "POST http://127.0.0.1:8000/reset_encoder_cache"]  # the server's dev endpoint
 
 
 def test_budget_outside_the_model_folders_processor_bounds_stops_before_step_1(fake_vllm, tiny_model_dir, tmp_path):
@@ -143,3 +157,34 @@ def test_budget_outside_the_model_folders_processor_bounds_stops_before_step_1(f
     with pytest.raises(SuzakError, match=r"vLLM resizes images into 3136\.\.401408 pixels .* max_pixels <= 401408"):
         trainer.train()
     assert trainer.state.global_step == 0 and fake_vllm[0].requests == []
+
+
+def test_a_sampler_that_is_not_the_policy_stops_at_the_first_check(fake_vllm, tiny_model_dir, tmp_path):
+    """The stand-in's log-probabilities (-2 for every token) are not the policy's (~log 1/600 for the random tiny
+    model): the guard's first check, right after the first weight sync, stops the run in one line before any
+    update. With the real engine, tests/test_vllm_tier.py shows it firing on a frozen LM head and quiet on a live one."""
+    trainer = _trainer(tiny_model_dir, tmp_path, guard=SamplerGuard(every=10, tolerance=0.1), vllm_mode="colocate")
+    with pytest.raises(StaleSampler) as stopped:
+        trainer.train()
+    message = str(stopped.value)
+    assert "\n" not in message and message.startswith("vLLM's sampler does not follow the policy: mean |log p(vLLM)")
+    assert "at step 1 " in message and "before any update the two already disagree" in message
+    assert message.endswith("No step had completed, so there is no checkpoint")
+    assert trainer.state.global_step == 0 and fake_vllm[0].syncs == 1
+    ((step, gap, largest, suppressed),) = trainer.sampler_guard.gaps
+    assert step == 1 and 3 < gap <= largest  # |log(1/~600) + 2| ~ 4.4 nats per token
+    assert 0 < suppressed < 0.05  # the random policy's mass on the 4 vision placeholders: ~4/600
+
+
+def test_guard_checks_the_first_batch_then_every_n_steps_and_names_the_cause():
+    guard = SamplerGuard(every=10, tolerance=0.1)
+    checked = [step for step in range(1, 32) if guard.due(step) and guard.check(step, 0.01, 0.05, 0.2) is None]
+    assert checked == [1, 11, 21, 31]
+    with pytest.raises(StaleSampler, match=r"= 0\.300 per completion token at step 41 \(max 1\.50; tolerance 0\.1.*"
+                                           r"weights the sync did not reach"):  # fmt: skip
+        guard.check(41, 0.3, 1.5)
+    first = SamplerGuard(every=10, tolerance=0.1)
+    with pytest.raises(StaleSampler, match="before any update the two already disagree: vLLM sees other prompt"):
+        first.check(1, 0.5, 2.0)
+    assert not SamplerGuard(every=0).due(1)
+    SamplerGuard().check(1, float("nan"), float("nan"))  # no token scored: nothing to compare

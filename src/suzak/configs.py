@@ -94,6 +94,17 @@ class SuzakArguments:
     )  # fmt: skip
     eval_max_new_tokens: int = field(default=256, metadata={"help": "Token limit of the held-out generations."})
     eval_batch_size: int = field(default=16, metadata={"help": "Batch size of the held-out generations."})
+    sampler_check_steps: int = field(
+        default=10,
+        metadata={"help": "With use_vllm: compare vLLM's log-probabilities of its samples with the policy's at the "
+                          "first generation and then every N steps, and stop when they drift apart (a weight sync "
+                          "that does not reach vLLM's sampler); 0 turns the check off."},
+    )  # fmt: skip
+    sampler_logp_tolerance: float = field(
+        default=0.1,
+        metadata={"help": "With use_vllm: the largest mean |log p(vLLM) - log p(policy)| per completion token the "
+                          "sampler check accepts (nats; numerical noise measures ~0.01, a stale sampler ~1)."},
+    )  # fmt: skip
     release_dry_run: bool = field(
         default=False,
         metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
@@ -118,6 +129,12 @@ class SuzakArguments:
             raise SuzakError(f"min_pixels {self.min_pixels} must be at least 1 (default {DEFAULT_MIN_PIXELS})")
         if self.min_pixels > self.max_pixels:
             raise SuzakError(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+        if self.sampler_check_steps < 0:
+            raise SuzakError(f"sampler_check_steps {self.sampler_check_steps}: give a number of steps, or 0 to turn "
+                             "the sampler check off")  # fmt: skip
+        if not self.sampler_logp_tolerance > 0:
+            raise SuzakError(f"sampler_logp_tolerance {self.sampler_logp_tolerance} must be > 0 (nats per token; "
+                             "default 0.1)")  # fmt: skip
 
 
 def _env_overrides() -> list[str]:
@@ -309,7 +326,20 @@ def _parse(config_class, argv: list[str] | None):
         raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
     _recipe_dataset_options(suzak_args, recipe, flags)
     _recipe_reward_kwargs(suzak_args, recipe, flags)
+    _check_vllm_server(config)
     return suzak_args, config, model_args
+
+
+def _check_vllm_server(config) -> None:
+    """TRL 1.16 syncs weights to a ``trl vllm-serve`` process over vLLM's NCCL weight-transfer engine only, and
+    refuses a trainer that is not on a CUDA device (``VLLMClient.init_communicator``) after waiting for the server:
+    on a machine without a GPU, say so before anything loads. Colocated vLLM runs on the CPU."""
+    import torch
+
+    if getattr(config, "use_vllm", False) and config.vllm_mode == "server" and not torch.cuda.is_available():
+        raise SuzakError("vllm_mode server needs a CUDA GPU: TRL syncs the weights to `trl vllm-serve` over NCCL "
+                         "(vLLM's NCCL weight-transfer engine), which a CPU cannot join; use vllm_mode colocate "
+                         "here (vLLM's CPU build runs it)")  # fmt: skip
 
 
 def _given(flags: list[str], name: str) -> bool:

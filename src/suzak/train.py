@@ -24,10 +24,13 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     from suzak.prompts import get_template
     from suzak.rewards import resolve_rewards
     from suzak.trainer import VLMGRPOTrainer
+    from suzak.trl_internals import SamplerGuard
 
     template = get_template(suzak_args.prompt_template)
     reward_funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
-    budget = model_budget(model_args, suzak_args.min_pixels, suzak_args.max_pixels)  # the model's patch factor
+    budget = model_budget(
+        model_args, suzak_args.min_pixels, suzak_args.max_pixels, for_vllm=grpo_args.use_vllm
+    )  # the model's patch factor
     heldout = None
     if train_dataset is None:
         train_dataset, heldout = build_datasets(suzak_args, grpo_args, budget)
@@ -44,6 +47,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         pixel_budget=budget,
         answer_format=template.answer_format if suzak_args.preflight_rows > 0 else None,
         preflight_rows=suzak_args.preflight_rows,
+        sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
         **trainer_kwargs,
     )
     session.add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class,

@@ -10,8 +10,9 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
 - ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
   or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
 - ``train()``: the reward pre-flight, the vLLM image-bounds check and the visual-token report run before step 1
-  (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`) stops it after a
-  checkpoint of the last completed step, so ``--resume_from_checkpoint latest`` continues from there.
+  (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`), or a vLLM sampler
+  that does not follow the policy (:class:`suzak.trl_internals.StaleSampler`), stops it after a checkpoint of the
+  last completed step, so ``--resume_from_checkpoint latest`` continues from there.
 
 The budget takes the model's patch factor from the processor (:meth:`suzak.vision.PixelBudget.for_model`: 28 pixels
 per visual token for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL/Qwen3.5). The processor gets the budget's bounds, so it
@@ -34,7 +35,7 @@ from transformers.trainer_callback import ProgressCallback
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
-from suzak.trl_internals import GRPOHooks, RewardFault
+from suzak.trl_internals import GRPOHooks, RewardFault, SamplerGuard, StaleSampler
 from suzak.vision import PixelBudget, configure_processor, fit_row_images, pad_left, vision_token_ids
 
 __all__ = ["ROW_COLUMN", "VLMGRPOTrainer", "number_rows", "row_name"]
@@ -77,6 +78,8 @@ class VLMGRPOTrainer(GRPOHooks):
             reward pre-flight. ``None`` skips it.
         preflight_rows: rows the pre-flight checks.
         precheck_rows: rows the visual-token pre-check reads (``None``: all of them).
+        sampler_guard: with vLLM, when and how far vLLM's log-probabilities of its samples may drift from the
+            policy's before the run stops (:class:`suzak.trl_internals.SamplerGuard`; default: every 10 steps, 0.1).
 
     ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
     (:func:`suzak.trl_internals.completion_rows`); set the same list on every rank.
@@ -89,9 +92,11 @@ class VLMGRPOTrainer(GRPOHooks):
         answer_format: str | None = None,
         preflight_rows: int = 8,
         precheck_rows: int | None = 256,
+        sampler_guard: SamplerGuard | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.sampler_guard = sampler_guard or self.sampler_guard
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
         self.answer_format = answer_format
         self.preflight_rows = preflight_rows
@@ -126,8 +131,9 @@ class VLMGRPOTrainer(GRPOHooks):
         self.train_dataset = number_rows(self.train_dataset)
         try:
             return super().train(*args, **kwargs)
-        except RewardFault as fault:  # raised on every rank while scoring, never mid optimizer step: weights are whole
-            raise RewardFault(f"{fault}. {self.save_before_stopping()}") from fault.__cause__
+        except (RewardFault, StaleSampler) as fault:  # raised on every rank while scoring, never mid optimizer step:
+            # the weights are whole
+            raise type(fault)(f"{fault}. {self.save_before_stopping()}") from fault.__cause__
         finally:
             self._close_progress_bar()
 

@@ -13,7 +13,16 @@ by name, instead of somewhere in a training run:
   training batch;
 - :data:`REWARD_CALL_KWARGS` and :func:`reward_call_kwargs`: the keyword arguments ``GRPOTrainer`` calls every reward
   function with, which the reward pre-flight reproduces and recipes must not set;
-- :func:`completion_rows`: one row per completion of the newest batch in TRL's ``_logs`` layout.
+- :func:`completion_rows`: one row per completion of the newest batch in TRL's ``_logs`` layout;
+- :class:`SamplerGuard` / :class:`StaleSampler`: the stale-sampler guard, which scores a few of vLLM's sampled
+  completions with the policy, from the batch ``_generate_and_score_completions`` returns (its ids, masks, images
+  and vLLM's ``sampling_per_token_logps``), and compares;
+- :func:`forget_vision_features_on_sync`: TRL's ``VLLMGeneration.sync_weights`` followed by vLLM's
+  ``reset_encoder_cache`` (vLLM reuses an image's vision features across requests, from older weights);
+- :func:`colocated_vllm_on_cpu` / :func:`keep_vllm_cpu_weights_live`: vLLM's own internals, on its CPU platform
+  only: the unquantized linear and embedding layers keep computing from the weights TRL's weight sync writes into
+  (vLLM packs a copy at load, ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), and TRL's
+  ``vllm.LLM`` (``trl.generation.vllm_generation.LLM``) gets the policy's dtype.
 
 Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak.parsing` and :mod:`suzak.vision`
 (leaves).
@@ -26,7 +35,8 @@ import math
 import numbers
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,7 +54,12 @@ __all__ = [
     "RewardFailure",
     "RewardFault",
     "RewardGuard",
+    "SamplerGuard",
+    "StaleSampler",
+    "colocated_vllm_on_cpu",
     "completion_rows",
+    "forget_vision_features_on_sync",
+    "keep_vllm_cpu_weights_live",
     "reward_call_kwargs",
 ]
 
@@ -204,6 +219,196 @@ def _batch_positions(count: int) -> list[str]:
     return [f"batch row {i}" for i in range(count)]
 
 
+class StaleSampler(SuzakError):
+    """vLLM's log-probabilities of its own samples are far from the policy's: it samples from other weights (or other
+    inputs) than the ones being trained. The run stops (after a checkpoint)."""
+
+
+@dataclass
+class SamplerGuard:
+    """Stops a run whose vLLM sampler does not follow the policy.
+
+    A weight sync that misses a layer (a wrong name, a layer vLLM computes from a copy made at load, a skipped
+    tensor) raises nothing: vLLM keeps sampling from old weights and GRPO trains on their samples. At the first
+    generation after the first weight sync, then every ``every`` steps, the trainer scores ``rows`` of vLLM's sampled
+    completions with the policy, under vLLM's sampling rule (the temperature, and the tokens generation may not
+    sample taken out and the rest renormalised, as vLLM's processed log-probabilities are), and compares them with
+    the log-probabilities vLLM returned for them: past ``tolerance`` (mean nats per completion token, over ranks), the
+    run stops. Noise measures ~1e-6 with both sides in fp32, ~0.01 in bf16; a sampler left at the initial weights
+    drifts past 0.1 within ~20 steps of the demo recipe (docs/benchmarks.md, "Stale-sampler guard").
+
+    TRL's own ``sampling/sampling_logp_difference`` is no substitute: it compares with the policy's unrestricted
+    distribution, so it also grows with the mass the policy puts on the suppressed vision placeholders (which
+    sampling never penalises; ~0.25 nats on the tiny model after 130 steps of the self-test).
+    """
+
+    every: int = 10  # steps between checks after the first; 0 turns the guard off
+    tolerance: float = 0.1
+    rows: int = 16  # completions scored per rank at a check, spread over the batch's prompts
+    checked_at: int | None = None  # the optimizer step of the last check
+    gaps: list[tuple[int, float, float, float]] = field(default_factory=list)  # (step, mean, max, suppressed mass)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and (self.checked_at is None or step - self.checked_at >= self.every)
+
+    def check(self, step: int, mean_gap: float, max_gap: float, suppressed: float = 0.0) -> None:
+        """Record the gap of the batch generated for optimizer step ``step``; past the tolerance, raise."""
+        first = self.checked_at is None
+        self.checked_at = step
+        self.gaps.append((step, mean_gap, max_gap, suppressed))
+        logger.info("sampler check at step %d: mean |log p(vLLM) - log p(policy)| %.2g per token (max %.2g); the "
+                    "policy's mass on the suppressed tokens %.2g", step, mean_gap, max_gap, suppressed)  # fmt: skip
+        if not mean_gap > self.tolerance:  # NaN (no token scored) passes
+            return
+        gap = (f"mean |log p(vLLM) - log p(policy)| = {mean_gap:.3f} per completion token at step {step} (max "
+               f"{max_gap:.2f}; tolerance {self.tolerance:g}, sampler_logp_tolerance)")  # fmt: skip
+        if first:
+            cause = ("before any update the two already disagree: vLLM sees other prompt tokens or images than "
+                     "training (an image placeholder expanded twice, TRL #6294; another pixel budget), or another "
+                     "model or dtype")  # fmt: skip
+        else:
+            cause = ("vLLM samples from weights the sync did not reach (a layer vLLM computes from a copy made at "
+                     "load, weights under names vLLM does not load, a skipped layer): GRPO would train on samples "
+                     "of the old policy")  # fmt: skip
+        raise StaleSampler(f"vLLM's sampler does not follow the policy: {gap}; {cause}")
+
+
+def _row_model_inputs(batch: dict[str, Any], row: int) -> dict[str, Any]:
+    """The policy's forward inputs for one row of TRL's scored batch (``_generate_and_score_completions``'s output):
+    prompt + completion ids and mask, and the row's images (Qwen VL layout: ``pixel_values`` rows per image are its
+    ``image_grid_thw`` product)."""
+    ids = torch.cat([batch["prompt_ids"][row], batch["completion_ids"][row]])[None]  # (1, P + C)
+    mask = torch.cat([batch["prompt_mask"][row], batch["completion_mask"][row]])[None]
+    inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if "mm_token_type_ids" in batch:
+        inputs["mm_token_type_ids"] = batch["mm_token_type_ids"][row : row + 1]
+    if "image_grid_thw" in batch and "pixel_values" in batch:
+        counts = list(batch["num_images"])
+        first, count = sum(counts[:row]), counts[row]
+        rows_per_image = batch["image_grid_thw"].prod(dim=-1).tolist()  # (images,)
+        start = sum(rows_per_image[:first])
+        inputs["pixel_values"] = batch["pixel_values"][start : start + sum(rows_per_image[first : first + count])]
+        inputs["image_grid_thw"] = batch["image_grid_thw"][first : first + count]
+    return inputs
+
+
+def forget_vision_features_on_sync(generation, main_process: bool) -> None:
+    """After each of TRL's weight syncs, make vLLM drop the vision encoder outputs it keeps across requests.
+
+    vLLM caches an image's encoder output by the image's hash and reuses it for any later request with the same image;
+    TRL's ``sync_weights`` resets the prefix cache but not this one, so once an image comes back (the second epoch,
+    or any repeated image) vLLM's prompt carries vision features of the weights of the step the image was first
+    seen, silently. Found here by the stale-sampler guard: the self-test's gap jumped from 1e-7 to 0.19 nats per
+    token at step 131, five steps after its 2,000 images started their second epoch. vLLM documents
+    ``reset_encoder_cache`` for exactly this ("when model weights are updated"); the server takes it over HTTP in the
+    dev mode ``trl vllm-serve`` runs vLLM in.
+    """
+    sync = generation.sync_weights
+
+    def sync_and_forget() -> None:
+        sync()
+        if generation.mode == "colocate":
+            generation.llm.llm_engine.reset_encoder_cache()
+        elif main_process:
+            client = generation.vllm_client
+            response = client.session.post(f"{client.base_url}/reset_encoder_cache")
+            if response.status_code != 200:
+                raise SuzakError(f"the vLLM server at {client.base_url} refused /reset_encoder_cache "
+                                 f"({response.status_code}): it would reuse vision features of older weights")  # fmt: skip
+
+    generation.sync_weights = sync_and_forget
+
+
+@contextmanager
+def colocated_vllm_on_cpu(model: torch.nn.Module):
+    """While TRL builds its colocated ``vllm.LLM``: on vLLM's CPU platform, make it a sampler of the policy.
+
+    - every linear layer and the LM head keep computing from the weights TRL's sync writes into
+      (:func:`keep_vllm_cpu_weights_live`);
+    - vLLM runs the policy's dtype: left to ``dtype="auto"`` it downcasts an fp32 checkpoint (the CPU policy's) to
+      bf16 and samples from a rounded copy of the policy (TRL passes no dtype; on a GPU the policy is bf16 anyway);
+    - a model with Gated DeltaNet layers (Qwen3.5) is one line: vLLM 0.24's CPU kernel for them fails on a dtype
+      mismatch, and on AMX CPUs it prepacks their convolution weights where the sync cannot write.
+
+    Elsewhere (a GPU platform) nothing changes.
+    """
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # TRL says vLLM is missing itself
+        current_platform = None
+    if current_platform is None or not current_platform.is_cpu():
+        yield
+        return
+    config = getattr(model, "config", None)
+    text_config = getattr(config, "text_config", config)
+    if "linear_attention" in (getattr(text_config, "layer_types", None) or []):
+        raise SuzakError(f"use_vllm on the CPU: vLLM {_vllm_version()}'s CPU build cannot run {config.model_type}'s "
+                         "Gated DeltaNet (linear attention) layers (its CPU kernel stops on a dtype mismatch, and on "
+                         "AMX CPUs it prepacks their weights out of the weight sync's reach): train without vLLM on "
+                         "a CPU (use_vllm false), or with vLLM on a GPU")  # fmt: skip
+    keep_vllm_cpu_weights_live()
+    import trl.generation.vllm_generation as generation
+
+    build = generation.LLM
+    dtype = next(model.parameters()).dtype
+
+    def build_in_policy_dtype(*args, **kwargs):
+        kwargs.setdefault("dtype", dtype)
+        return build(*args, **kwargs)
+
+    generation.LLM = build_in_policy_dtype
+    logger.info("vLLM on the CPU samples in the policy's dtype (%s)", dtype)
+    try:
+        yield
+    finally:
+        generation.LLM = build
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def keep_vllm_cpu_weights_live() -> bool:
+    """On vLLM's CPU platform, keep every unquantized linear layer and the LM head computing from its live weight.
+
+    At load, vLLM's CPU platform repacks each 2-D weight for oneDNN/SGL kernels
+    (``UnquantizedLinearMethod``/``UnquantizedEmbeddingMethod.process_weights_after_loading`` call
+    ``dispatch_cpu_unquantized_gemm``): linear layers lose the weight (TRL's sync then fails, ``'Parameter' object
+    has no attribute 'weight_loader'``), and the LM head keeps it but computes from the packed copy, so the sync
+    writes weights the sampler never reads. Here that dispatch leaves 2-D weights in place with
+    ``torch.nn.functional.linear`` over them (slower kernels, right samples); other layers (missing ones, causal
+    convolutions) go through vLLM's own dispatch. Returns whether vLLM runs on its CPU platform (patched once).
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    from vllm.model_executor.layers import utils as layer_utils
+
+    vllms = layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(vllms, "keeps_weights_live", False):
+        return True
+
+    def dispatch_live(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if layer.weight.ndim != 2 or layer.weight.is_meta:
+            return vllms(layer, remove_weight)
+        layer.cpu_linear = _linear
+
+    dispatch_live.keeps_weights_live = True
+    dispatch_live.vllm_dispatch = vllms  # vLLM's own (tests restore it for one kind of layer)
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_live
+    logger.info("vLLM on the CPU: linear layers and the LM head compute from their live weights (torch linear), so "
+                "TRL's weight sync reaches the sampler; vLLM's packed CPU kernels would keep a copy made at load")  # fmt: skip
+    return True
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``layer.cpu_linear`` as vLLM calls it, over the layer's own (live) weight."""
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 class GRPOHooks(GRPOTrainer):
     """``GRPOTrainer`` with TRL's private hooks overridden; a subclass fills in the public methods they call.
 
@@ -216,10 +421,17 @@ class GRPOHooks(GRPOTrainer):
     """
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        model = kwargs.get("model", args[0] if args else None)
+        colocated = getattr(config, "use_vllm", False) and config.vllm_mode == "colocate"
+        with colocated_vllm_on_cpu(model) if colocated and isinstance(model, torch.nn.Module) else nullcontext():
+            super().__init__(*args, **kwargs)  # TRL builds vllm.LLM in here
+        if self.use_vllm:
+            forget_vision_features_on_sync(self.vllm_generation, self.accelerator.is_main_process)
         self._batch_extra_columns: set[str] = set()
         self._batch_rows: list[str] = []
         self._nonfinite_said: set[str] = set()
+        self.sampler_guard = SamplerGuard()
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -228,6 +440,7 @@ class GRPOHooks(GRPOTrainer):
         self._batch_rows = self.row_names(inputs)
         output = super()._generate_and_score_completions(self.prepare_batch(inputs))
         if self.model.training:
+            self._check_sampler(output)
             self.batch_scored(inputs)
         return output
 
@@ -266,6 +479,48 @@ class GRPOHooks(GRPOTrainer):
             super().log(logs, start_time)
         finally:
             self._logs["prompt"] = prompts
+
+    def _check_sampler(self, batch: dict[str, Any]) -> None:
+        """The stale-sampler guard (:class:`SamplerGuard`) on the batch TRL just generated with vLLM and scored:
+        a few completions of each rank, the gap averaged over ranks, so every rank decides alike."""
+        step = self.state.global_step + 1
+        guard = self.sampler_guard
+        if not self.use_vllm or not guard.due(step):
+            return
+        sums = torch.zeros(4, device=self.accelerator.device)  # |gap| summed, tokens, suppressed mass summed, max |gap|
+        if batch.get("sampling_per_token_logps") is not None:
+            count = batch["completion_ids"].size(0)
+            for row in sorted({i * count // guard.rows for i in range(min(guard.rows, count))}):  # across prompts
+                part = self._sampler_gap(batch, row)
+                sums[:3] += part[:3]
+                sums[3] = torch.maximum(sums[3], part[3])
+        totals = self.accelerator.gather(sums[None])  # (ranks, 4)
+        tokens = totals[:, 1].sum().item()
+        if tokens == 0:
+            return
+        guard.check(
+            step, totals[:, 0].sum().item() / tokens, totals[:, 3].max().item(), totals[:, 2].sum().item() / tokens
+        )
+
+    @torch.no_grad()
+    def _sampler_gap(self, batch: dict[str, Any], row: int) -> torch.Tensor:
+        """(sum of |log p_vLLM - log p_policy|, tokens, sum of the suppressed mass, max gap) over one row's completion:
+        the policy's log-probability of each sampled token at the sampling temperature, renormalised without the
+        tokens generation may not sample, against what vLLM returned."""
+        length = batch["completion_ids"].size(1)
+        with self.accelerator.autocast():
+            logits = self.model(**_row_model_inputs(batch, row), logits_to_keep=length + 1).logits[0, :-1]  # (C, V)
+        logps = (logits.float() / self.temperature).log_softmax(-1)
+        suppressed = self.suppressed_token_ids
+        log_mass = logps[:, suppressed].logsumexp(-1) if suppressed else torch.full_like(logps[:, 0], -torch.inf)
+        sampled = logps.gather(-1, batch["completion_ids"][row][:, None])[:, 0] - torch.log1p(-log_mass.exp())  # (C,)
+        vllm = batch["sampling_per_token_logps"][row].float()
+        mask = batch["completion_mask"][row].bool() & ~torch.isnan(vllm)
+        gap = (sampled - vllm).abs()[mask]
+        if gap.numel() == 0:
+            return torch.zeros(4, device=logits.device)
+        return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device),
+                            log_mass.exp()[mask].sum(), gap.max()])  # fmt: skip
 
     def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
         return _batch_positions(len(inputs))
