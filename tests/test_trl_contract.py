@@ -168,6 +168,12 @@ def test_the_scored_batch_holds_what_the_sampler_guard_reads():
     assert "if sampling_per_token_logps is not None:" in source  # vLLM's logprobs, whatever the IS correction
     assert "self.temperature = args.temperature" in inspect.getsource(GRPOTrainer.__init__)
     assert "logprobs=0," in inspect.getsource(GRPOTrainer.__init__)  # vLLM returns the sampled tokens' logprobs
+    # its figures go to this step's log line: a list per name in _metrics[mode], averaged and cleared by log()
+    assert 'self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}' in inspect.getsource(
+        GRPOTrainer.__init__
+    )
+    log = inspect.getsource(GRPOTrainer.log)
+    assert "for key, val in self._metrics[mode].items():" in log and "self._metrics[mode].clear()" in log
 
 
 def test_colocated_vllm_is_built_from_the_module_name_with_no_dtype():

