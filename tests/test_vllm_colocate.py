@@ -188,3 +188,26 @@ def test_guard_checks_the_first_batch_then_every_n_steps_and_names_the_cause():
         first.check(1, 0.5, 2.0)
     assert not SamplerGuard(every=0).due(1)
     SamplerGuard().check(1, float("nan"), float("nan"))  # no token scored: nothing to compare
+
+
+@pytest.mark.parametrize(
+    ("cuts", "kept"),
+    [
+        ({}, [0, 1, 2, 3]),
+        ({"top_k": 2}, [0, 1]),
+        ({"top_p": 0.7}, [0, 1]),  # 0.64 for the first token alone is under 0.7: the second joins
+        ({"top_p": 0.5}, [0]),
+        ({"min_p": 0.3}, [0, 1]),  # probabilities 0.64, 0.24, 0.09, 0.03: under 0.3 x 0.64 goes
+        ({"logit_bias": {0: -100.0}}, [1, 2, 3]),
+    ],
+)
+def test_sampling_logps_cuts_and_renormalises_as_vllm_does(cuts, kept):
+    from suzak.trl_internals import sampling_logps
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    probs = sampling_logps(logits, temperature=1.0, **cuts).exp()[0]
+    assert (probs > 1e-30).nonzero().flatten().tolist() == kept
+    expected = torch.tensor([2.0, 1.0, 0.0, -1.0])[kept].softmax(-1)
+    assert torch.allclose(probs[kept], expected) and torch.isclose(probs.sum(), torch.tensor(1.0))
+    hotter = sampling_logps(logits, temperature=2.0).exp()[0]
+    assert torch.allclose(hotter, (logits[0] / 2).softmax(-1))

@@ -126,6 +126,16 @@ def test_the_guard_stays_quiet_on_the_live_sampler(demo_run):
     assert "sampler check at step 1: mean |log p(vLLM) - log p(policy)|" in result.stderr
 
 
+def test_the_guard_reproduces_vllms_top_k_top_p_and_min_p(vllm_env, tmp_path):
+    """vLLM reports log-probabilities after its cuts (top-k 20 of ~600 tokens: ~3.4 nats from the uncut policy's);
+    the guard scores the policy under the same cuts, so a live sampler stays at fp32 rounding."""
+    output_dir = tmp_path / "cuts"
+    _train(vllm_env, output_dir, "--max_steps", "11", "--eval_rows", "0", "--top_k", "20", "--top_p", "0.9",
+           "--min_p", "0.005")  # fmt: skip
+    checks = _checks(output_dir)
+    assert list(checks) == [1, 11] and max(checks.values()) < 1e-3, checks
+
+
 # --- the frozen sampler, under the probe ---------------------------------------------------------------------------
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "forget_vision_features_on_sync",
     "keep_vllm_cpu_weights_live",
     "reward_call_kwargs",
+    "sampling_logps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -234,12 +235,13 @@ class SamplerGuard:
     completions with the policy, under vLLM's sampling rule (the temperature, and the tokens generation may not
     sample taken out and the rest renormalised, as vLLM's processed log-probabilities are), and compares them with
     the log-probabilities vLLM returned for them: past ``tolerance`` (mean nats per completion token, over ranks), the
-    run stops. Noise measures ~1e-6 with both sides in fp32, ~0.01 in bf16; a sampler left at the initial weights
-    drifts past 0.1 within ~20 steps of the demo recipe (docs/benchmarks.md, "Stale-sampler guard").
+    run stops. Noise measures ~1e-7 with both sides in fp32; a sampler whose LM head stayed at the initial weights
+    drifted past 0.1 by step 31 of the demo recipe (docs/benchmarks.md, "Stale-sampler guard").
 
-    TRL's own ``sampling/sampling_logp_difference`` is no substitute: it compares with the policy's unrestricted
-    distribution, so it also grows with the mass the policy puts on the suppressed vision placeholders (which
-    sampling never penalises; ~0.25 nats on the tiny model after 130 steps of the self-test).
+    TRL's own ``sampling/sampling_logp_difference`` compares with the policy's unrestricted distribution, so it also
+    counts the mass the policy puts on the vision placeholders vLLM may not sample (which sampling never penalises:
+    a tiny policy here once greedily answered ``<|image_pad|>`` on half its prompts), and every top-k/top-p/min-p cut.
+    With ``repetition_penalty`` other than 1 the check is off (said once): vLLM's penalty depends on each prefix.
     """
 
     every: int = 10  # steps between checks after the first; 0 turns the guard off
@@ -273,6 +275,32 @@ class SamplerGuard:
                      "load, weights under names vLLM does not load, a skipped layer): GRPO would train on samples "
                      "of the old policy")  # fmt: skip
         raise StaleSampler(f"vLLM's sampler does not follow the policy: {gap}; {cause}")
+
+
+def sampling_logps(logits: torch.Tensor, *, temperature: float, logit_bias: Mapping | None = None, top_k: int = 0,
+                   top_p: float = 1.0, min_p: float | None = None) -> torch.Tensor:  # fmt: skip
+    """Log-probabilities over the vocabulary as vLLM's sampler reports them (``processed_logprobs``): the logit bias,
+    the temperature, then min-p, top-k and top-p cuts (vLLM's order), renormalised. ``logits``: (T, V).
+
+    >>> logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    >>> sampling_logps(logits, temperature=1.0, logit_bias={0: -100.0}, top_k=2).exp().round(decimals=3)
+    tensor([[0.0000, 0.7310, 0.2690, 0.0000]])
+    """
+    logits = logits.float().clone()
+    for token, bias in (logit_bias or {}).items():
+        logits[:, int(token)] += bias
+    logits = logits / temperature
+    if min_p:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, -torch.inf)
+    if top_k and top_k > 0:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (T, 1)
+        logits = logits.masked_fill(logits < kth, -torch.inf)
+    if top_p < 1.0:
+        ordered, order = logits.sort(-1, descending=True)
+        before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # mass of the tokens ranked above each
+        logits = logits.scatter(-1, order, ordered.masked_fill(before > top_p, -torch.inf))
+    return logits.log_softmax(-1)
 
 
 def _row_model_inputs(batch: dict[str, Any], row: int) -> dict[str, Any]:
@@ -489,6 +517,11 @@ class GRPOHooks(GRPOTrainer):
         guard = self.sampler_guard
         if not self.use_vllm or not guard.due(step):
             return
+        if (self.repetition_penalty or 1.0) != 1.0:
+            logger.warning("the stale-sampler guard is off: with repetition_penalty %g vLLM's log-probabilities "
+                           "depend on each prefix's penalties, which it does not reproduce", self.repetition_penalty)  # fmt: skip
+            guard.every = 0
+            return
         sums = torch.zeros(4, device=self.accelerator.device)  # |gap| summed, tokens, suppressed mass summed, max |gap|
         if batch.get("sampling_per_token_logps") is not None:
             count = batch["completion_ids"].size(0)
@@ -512,22 +545,24 @@ class GRPOHooks(GRPOTrainer):
     @torch.no_grad()
     def _sampler_gap(self, batch: dict[str, Any], row: int) -> torch.Tensor:
         """(sum of |log p_vLLM - log p_policy|, tokens, sum of the suppressed mass, max gap) over one row's completion:
-        the policy's log-probability of each sampled token at the sampling temperature, renormalised without the
-        tokens generation may not sample, against what vLLM returned."""
+        the policy's log-probability of each sampled token under vLLM's sampling rule (:func:`sampling_logps`),
+        against what vLLM returned."""
         length = batch["completion_ids"].size(1)
         with self.accelerator.autocast():
             logits = self.model(**_row_model_inputs(batch, row), logits_to_keep=length + 1).logits[0, :-1]  # (C, V)
-        logps = (logits.float() / self.temperature).log_softmax(-1)
-        suppressed = self.suppressed_token_ids
-        log_mass = logps[:, suppressed].logsumexp(-1) if suppressed else torch.full_like(logps[:, 0], -torch.inf)
-        sampled = logps.gather(-1, batch["completion_ids"][row][:, None])[:, 0] - torch.log1p(-log_mass.exp())  # (C,)
+        bias = self.vllm_generation.generation_kwargs.get("logit_bias") or {}
+        logps = sampling_logps(logits, temperature=self.temperature, logit_bias=bias, top_k=self.top_k or 0,
+                               top_p=self.top_p if self.top_p is not None else 1.0, min_p=self.min_p)  # fmt: skip
+        suppressed = [int(token) for token, value in bias.items() if value <= -100]
+        mass = (logits.float() / self.temperature).softmax(-1)[:, suppressed].sum(-1)  # (C,) the policy's own
+        sampled = logps.gather(-1, batch["completion_ids"][row][:, None])[:, 0]  # (C,)
         vllm = batch["sampling_per_token_logps"][row].float()
         mask = batch["completion_mask"][row].bool() & ~torch.isnan(vllm)
         gap = (sampled - vllm).abs()[mask]
         if gap.numel() == 0:
             return torch.zeros(4, device=logits.device)
-        return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device),
-                            log_mass.exp()[mask].sum(), gap.max()])  # fmt: skip
+        return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device), mass[mask].sum(),
+                            gap.max()])  # fmt: skip
 
     def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
         return _batch_positions(len(inputs))
