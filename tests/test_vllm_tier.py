@@ -225,6 +225,8 @@ def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert summary["passed"] and summary["detail"]["generation"] == "vllm"
     assert summary["aligned_accuracy"] >= 0.9 and 0.3 <= summary["control_accuracy"] <= 0.7
     assert summary["unsuppressed_in_eval"] == []
+    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 141 of each run
+    assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
 # --- evaluation: the two engines on one checkpoint -------------------------------------------------------------------

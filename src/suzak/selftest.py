@@ -360,7 +360,7 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     )  # fmt: skip
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
     trainer.train()
-    return trace.rewards, *_heldout(trainer, config, list(heldout))
+    return trace.rewards, *_heldout(trainer, config, list(heldout)), [list(gap) for gap in trainer.sampler_guard.gaps]
 
 
 def _vllm_settings(config: SelfTestConfig) -> dict:
@@ -435,8 +435,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)  # vLLM's CPU attention needs head_dim >= 32
         runs = {}
         for images in conditions:
-            rewards, heldout, unsuppressed = _train_in_process(config, model_dir, images, Path(tmp) / images)
-            runs[images] = {"rewards": rewards, "heldout": heldout, "unsuppressed": unsuppressed}
+            rewards, heldout, unsuppressed, checks = _train_in_process(config, model_dir, images, Path(tmp) / images)
+            runs[images] = {"rewards": rewards, "heldout": heldout, "unsuppressed": unsuppressed, "checks": checks}
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     low, high = spec.control_band
     ok = {name: value >= spec.pass_at if name == "aligned" else low <= value <= high for name, value in last.items()}
@@ -455,6 +455,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
         "windows": {name: windows(run["rewards"]) for name, run in runs.items()},
         "steps": config.steps,
         "generation": "vllm" if config.vllm else "hf",
+        # with vLLM: the stale-sampler guard's checks, [step, mean gap, max gap, suppressed mass] (nats per token)
+        "sampler_checks": {name: run["checks"] for name, run in runs.items()},
         "unsuppressed_in_eval": unsuppressed,
         "seconds": round(time.monotonic() - start, 1),
         "passed": all(ok.values()) and not unsuppressed,
@@ -474,6 +476,10 @@ def format_report(report: dict) -> str:
     family = f" ({report['family']})" if report.get("family") else ""
     lines.append(f"{verdict}{family}: reward over the last 10 steps: {runs}; held-out greedy accuracy: {heldout}; "
                  f"{report['seconds']:.0f} s")  # fmt: skip
+    checks = [gap for run in report.get("sampler_checks", {}).values() for gap in run]
+    if checks:
+        lines.append(f"vLLM against the policy: largest mean |log p(vLLM) - log p(policy)| {max(c[1] for c in checks):.2g} "
+                     f"per token over {len(checks)} checks of the stale-sampler guard")  # fmt: skip
     if report["unsuppressed_in_eval"]:
         lines.append(f"FAIL: the evaluation engine does not suppress {', '.join(report['unsuppressed_in_eval'])}, "
                      "which training suppressed: evaluation would score a different policy")  # fmt: skip
