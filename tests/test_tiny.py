@@ -107,7 +107,7 @@ def test_cli_builds_any_hidden_size_and_the_vllm_size(tmp_path):
         assert text["hidden_size"] == {"wide": 128, "vllm": 64}[name]
         assert text["hidden_size"] // text["num_attention_heads"] == 32  # vLLM's CPU attention refuses 16
         assert sum(text["rope_parameters"]["mrope_section"]) == 16
-    assert TinyConfig.for_vllm("qwen2_vl").vllm_ready and not TinyConfig().vllm_ready
+    assert TinyConfig.shaped("qwen2_vl", for_vllm=True).vllm_ready and not TinyConfig.shaped("qwen2_vl").vllm_ready
 
 
 def test_cli_says_in_one_line_when_the_heads_do_not_divide_the_width(tmp_path):

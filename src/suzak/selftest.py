@@ -431,8 +431,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
     spec = config.spec
     torch.manual_seed(config.seed)
     with tempfile.TemporaryDirectory(prefix="suzak-selftest-") as tmp:
-        tiny = TinyConfig.for_vllm(config.family) if config.vllm else TinyConfig(family=config.family)
-        model_dir = build_tiny_model(Path(tmp) / "model", tiny)  # vLLM's CPU attention needs head_dim >= 32
+        tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm)  # vLLM's CPU attention needs head_dim >= 32
+        model_dir = build_tiny_model(Path(tmp) / "model", tiny)
         runs = {}
         for images in conditions:
             rewards, heldout, unsuppressed, checks = _train_in_process(config, model_dir, images, Path(tmp) / images)

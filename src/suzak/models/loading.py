@@ -4,7 +4,7 @@ classes, text models too.
 - ``model_name_or_path: tiny`` builds (once, cached) the offline tiny Qwen2.5-VL of :mod:`suzak.models.tiny`;
   ``tiny:qwen2_vl``, ``tiny:qwen3_vl``, ``tiny:qwen3_5`` the tiny model of that family. A run that generates with
   vLLM (``use_vllm``, ``--engine vllm``) gets the family's vLLM-ready tiny instead (head_dim 32, which vLLM's CPU
-  attention takes: :meth:`suzak.models.tiny.TinyConfig.for_vllm`), logged.
+  attention takes: :meth:`suzak.models.tiny.TinyConfig.shaped`), logged.
 - A vision-language checkpoint of a family suzak does not size images for is one line naming its model type and the
   supported families (:func:`suzak.vision.vision_family`), as is a processor whose patch grid disagrees with its
   model's config; :func:`model_budget` reads the pixel budget's factor from the checkpoint's config.
@@ -94,9 +94,9 @@ def resolve_model_path(name: str, *, for_vllm: bool = False) -> str:
 
         from suzak.models.tiny import TinyConfig, build_tiny_model
 
-        config = TinyConfig.for_vllm(family) if for_vllm else TinyConfig(family=family)
         logger.info("building the offline tiny %s%s in %s", family, " (vLLM-ready: head_dim 32)" * for_vllm, path)
-        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"), config)
+        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"),
+                                   TinyConfig.shaped(family, for_vllm=for_vllm))  # fmt: skip
         try:
             scratch.rename(path)  # whole or absent: torchrun ranks may build at the same time
         except OSError:

@@ -148,7 +148,7 @@ class TinyConfig:
     """Sizes of the tiny model. Defaults: ~0.3M parameters, builds in a few seconds on one core.
 
     Any ``hidden_size`` that ``num_attention_heads`` divides works: the M-RoPE sections follow from the head dimension
-    (:func:`mrope_sections`). :meth:`for_vllm` is the shape vLLM's CPU build runs (head_dim 32).
+    (:func:`mrope_sections`). :meth:`shaped` with ``for_vllm`` gives the shape vLLM's CPU build runs (head_dim 32).
     """
 
     family: str = DEFAULT_FAMILY  # FAMILIES: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5
@@ -186,10 +186,11 @@ class TinyConfig:
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def for_vllm(cls, family: str = DEFAULT_FAMILY, **sizes) -> TinyConfig:
-        """The tiny model vLLM's CPU build runs: the default tiny's sizes with 2 attention heads of 32 (one KV head),
-        since its CPU attention refuses head_dim 16."""
-        return cls(family=family, **{"num_attention_heads": VLLM_HEADS, "num_key_value_heads": 1} | sizes)
+    def shaped(cls, family: str = DEFAULT_FAMILY, *, for_vllm: bool = False, **sizes) -> TinyConfig:
+        """The tiny model of ``family``; ``for_vllm``: the shape vLLM's CPU build runs, the default tiny's sizes with
+        2 attention heads of 32 (one KV head), since its CPU attention refuses head_dim 16. ``sizes`` override."""
+        vllm_shape = {"num_attention_heads": VLLM_HEADS, "num_key_value_heads": 1} if for_vllm else {}
+        return cls(family=family, **vllm_shape | sizes)
 
     @property
     def vllm_ready(self) -> bool:
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.hidden_size is not None:
         sizes["hidden_size"] = args.hidden_size
     try:
-        config = TinyConfig.for_vllm(args.family, **sizes) if args.vllm else TinyConfig(family=args.family, **sizes)
+        config = TinyConfig.shaped(args.family, for_vllm=args.vllm, **sizes)
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
     path = build_tiny_model(args.output, config)
