@@ -553,7 +553,7 @@ class GRPOHooks(GRPOTrainer):
         bias = self.vllm_generation.generation_kwargs.get("logit_bias") or {}
         logps = sampling_logps(logits, temperature=self.temperature, logit_bias=bias, top_k=self.top_k or 0,
                                top_p=self.top_p if self.top_p is not None else 1.0, min_p=self.min_p)  # fmt: skip
-        suppressed = [int(token) for token, value in bias.items() if value <= -100]
+        suppressed = self.suppressed_token_ids  # the biased-out ones, read from the same logit bias
         mass = (logits.float() / self.temperature).softmax(-1)[:, suppressed].sum(-1)  # (C,) the policy's own
         sampled = logps.gather(-1, batch["completion_ids"][row][:, None])[:, 0]  # (C,)
         vllm = batch["sampling_per_token_logps"][row].float()
