@@ -222,8 +222,8 @@ def test_damaged_resume_is_one_line_from_the_command_line(tmp_path, run_env):
 @pytest.mark.slow
 def test_disk_full_mid_save_and_a_corrupt_newest_checkpoint_then_resume(tmp_path, tiny_model_dir, monkeypatch, caplog):
     """The disk fills while checkpoint-2's optimizer state is written (the Trainer's own torch.save raising ENOSPC,
-    after a partial file): one line naming checkpoint-2 and the intact checkpoint-1, which is untouched. Resuming
-    ``latest`` skips the half-written folder and finishes; later checkpoint-2's weights turn to garbage of the same
+    after a partial file): one line naming checkpoint-2 and the intact checkpoint-1, which is untouched; the partial
+    checkpoint-2 is removed. Resuming ``latest`` finishes; later checkpoint-2's weights turn to garbage of the same
     size, and the next resume skips it by name and continues from checkpoint-1."""
     import errno
 
@@ -236,8 +236,8 @@ def test_disk_full_mid_save_and_a_corrupt_newest_checkpoint_then_resume(tmp_path
     monkeypatch.setenv("SUZAK_ENV_FILE", str(tmp_path / "absent.env"))
     out = tmp_path / "run"
     argv = ["--config", SMOKE, "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(out),
-            "--save_steps", "1", "--max_steps", "2"]  # fmt: skip
-    failing, real_save, kept = out / "checkpoint-2" / "optimizer.pt", torch.save, {}
+            "--save_steps", "1", "--lr_scheduler_type", "constant", "--max_steps", "2"]  # fmt: skip
+    failing, real_save, kept = out / ".suzak-staging" / "checkpoint-2" / "optimizer.pt", torch.save, {}
 
     def save_on_a_full_disk(obj, f, *args, **kwargs):
         if Path(f) == failing:
@@ -253,14 +253,14 @@ def test_disk_full_mid_save_and_a_corrupt_newest_checkpoint_then_resume(tmp_path
     assert "\n" not in line and line.startswith(
         f"error: disk full while saving {out / 'checkpoint-2'} (No space left on device; "
     ), line
-    assert line.endswith(f"GB free): {out / 'checkpoint-1'} is the newest complete checkpoint and is intact; free "
-                         "space (or lower save_total_limit), then rerun with --resume_from_checkpoint latest")  # fmt: skip
+    assert line.endswith(f"MB needed (as checkpoint-1)): {out / 'checkpoint-1'} is the newest complete checkpoint "
+                         "and is intact (the partial write was removed); free space (or lower save_total_limit), "
+                         "then rerun with --resume_from_checkpoint latest")  # fmt: skip
     assert kept and digests(out / "checkpoint-1") == kept and checkpoint_problem(out / "checkpoint-1") is None
-    assert checkpoint_problem(out / "checkpoint-2") == "no trainer_state.json"
+    assert not (out / "checkpoint-2").exists() and not (out / ".suzak-staging").exists()  # nothing half-written
 
     monkeypatch.setattr(torch, "save", real_save)  # space freed
     main(argv + ["--resume_from_checkpoint", "latest"])
-    assert f"skipping incomplete checkpoint {out / 'checkpoint-2'}: no trainer_state.json" in caplog.text
     assert f"resuming from {out / 'checkpoint-1'}" in caplog.text
     assert latest_checkpoint(out) == str(out / "checkpoint-2") and digests(out / "checkpoint-1") == kept
 

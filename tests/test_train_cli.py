@@ -304,13 +304,14 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
 
 
 def test_latest_checkpoint_trusts_only_intact_marked_checkpoints(tmp_path, caplog):
-    from suzak.runs.checkpoints import begin_overwrite, mark_complete
+    from suzak.runs.checkpoints import MARKER, SENTINEL, mark_complete
 
     mark_complete(_checkpoint(tmp_path, 1))
     truncated = mark_complete(_checkpoint(tmp_path, 2)).parent
     (truncated / "model.safetensors").write_bytes(b"x" * 3)  # damaged after it was written
     overwriting = mark_complete(_checkpoint(tmp_path, 3)).parent
-    begin_overwrite(overwriting)  # a resumed run started saving into it again and died
+    (overwriting / SENTINEL).write_text("")  # an older suzak saving in place into it again, killed
+    (overwriting / MARKER).unlink()
     assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-1")
     assert "checkpoint-2: model.safetensors has 3 bytes, 10 when" in caplog.text
     assert "checkpoint-3: a save into it did not finish" in caplog.text
@@ -341,7 +342,19 @@ def test_smoke_preset_through_launch_script(tmp_path, run_env):
 @pytest.mark.slow
 def test_resume_from_latest_checkpoint(tmp_path, run_env):
     out = tmp_path / "resume"
-    base = [sys.executable, "-m", "suzak.train", "--config", SMOKE, "--output_dir", str(out), "--save_steps", "1"]
+    base = [
+        sys.executable,
+        "-m",
+        "suzak.train",
+        "--config",
+        SMOKE,
+        "--output_dir",
+        str(out),
+        "--save_steps",
+        "1",
+        "--lr_scheduler_type",
+        "constant",
+    ]  # a longer constant schedule: max_steps may change on resume
     run_ok(base + ["--max_steps", "2"], run_env)
     result = run_ok(base + ["--max_steps", "3", "--resume_from_checkpoint", "latest"], run_env)
     assert f"resuming from {out / 'checkpoint-2'}" in result.stderr

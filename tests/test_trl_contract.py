@@ -198,3 +198,51 @@ def test_weight_sync_resets_the_prefix_cache_but_not_vllms_encoder_cache():
     assert "encoder_cache" not in source
     client = inspect.getsource(__import__("trl.generation.vllm_client", fromlist=["VLLMClient"]).VLLMClient.__init__)
     assert "self.session = requests.Session()" in client and "self.base_url = " in client
+
+
+# --- transformers Trainer internals behind suzak.trl_internals.TrainerHooks ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "leading"),
+    [
+        ("_save_checkpoint", ["self", "model", "trial"]),  # atomic checkpoints: written to staging, then renamed
+        ("_get_output_dir", ["self", "trial"]),  # the folder _save_checkpoint writes checkpoint-N into
+        ("_get_grad_norm", ["self", "model", "grad_norm"]),  # the norm, after clipping, before optimizer.step()
+        ("_load_from_checkpoint", ["self", "resume_from_checkpoint", "model"]),  # weights reloaded with key conversion
+        ("_issue_warnings_after_load", ["self", "load_result"]),  # its missing-keys warning, silenced for that load
+    ],
+)
+def test_trainer_hooks(method, leading):
+    from transformers import Trainer
+
+    assert _params(getattr(Trainer, method))[: len(leading)] == leading
+
+
+def test_save_checkpoint_asks_get_output_dir_for_its_folder_and_rotates_there():
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._save_checkpoint)
+    assert "run_dir = self._get_output_dir(trial=trial)" in source
+    assert "output_dir = os.path.join(run_dir, checkpoint_folder)" in source
+    assert "rotate_checkpoints(" in source and "output_dir=run_dir" in source
+
+
+def test_the_trainer_still_loads_resumed_weights_without_key_conversion():
+    """The bug TrainerHooks._load_from_checkpoint repairs (transformers 5.17): when this fails, transformers loads
+    checkpoints with the model's key conversion, and the repair can go."""
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._load_from_checkpoint)
+    assert "load_result = model.load_state_dict(state_dict, False)" in source
+
+
+def test_key_conversion_helpers():
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    from transformers.trainer_utils import rotate_checkpoints
+
+    assert _params(get_model_conversion_mapping)[0] == "model" and WeightRenaming and WeightConverter
+    assert _params(rename_source_key)[:5] == ["source_key", "weight_renamings", "weight_converters",
+                                              "base_model_prefix", "meta_state_dict"]  # fmt: skip
+    assert _params(rotate_checkpoints)[:4] == ["output_dir", "save_total_limit", "best_model_checkpoint", "use_mtime"]

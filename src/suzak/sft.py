@@ -70,10 +70,12 @@ def to_sft_dataset(dataset, answer_format: str):
 
 
 def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
-    """The configured TRL ``SFTTrainer``: images fitted to the budget, completion-only loss, optional eval callback."""
-    from trl import SFTTrainer, get_peft_config
+    """The configured TRL ``SFTTrainer`` (with suzak's atomic checkpoints: :class:`suzak.trl_internals.SFTHooks`):
+    images fitted to the budget, completion-only loss, optional eval callback."""
+    from trl import get_peft_config
 
     from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
+    from suzak.trl_internals import SFTHooks
     from suzak.vision import configure_processor, fit_row_images
 
     budget = model_budget(model_args, suzak_args.min_pixels, suzak_args.max_pixels)  # the model's patch factor
@@ -88,7 +90,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     configure_processor(processing_class, budget)
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
-    trainer = SFTTrainer(
+    trainer = SFTHooks(
         model=model,
         args=sft_args,
         train_dataset=dataset,

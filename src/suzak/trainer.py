@@ -10,9 +10,10 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
 - ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
   or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
 - ``train()``: the reward pre-flight, the vLLM image-bounds check and the visual-token report run before step 1
-  (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`), or a vLLM sampler
-  that does not follow the policy (:class:`suzak.trl_internals.StaleSampler`), stops it after a checkpoint of the
-  last completed step, so ``--resume_from_checkpoint latest`` continues from there.
+  (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`), a vLLM sampler
+  that does not follow the policy (:class:`suzak.trl_internals.StaleSampler`) or a nan/inf gradient norm
+  (:class:`suzak.trl_internals.NonFiniteStep`) stops it after a checkpoint of the last completed step, so
+  ``--resume_from_checkpoint latest`` continues from there.
 
 The budget takes the model's patch factor from the processor (:meth:`suzak.vision.PixelBudget.for_model`: 28 pixels
 per visual token for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL/Qwen3.5). The processor gets the budget's bounds, so it
@@ -35,7 +36,7 @@ from transformers.trainer_callback import ProgressCallback
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
-from suzak.trl_internals import GRPOHooks, RewardFault, SamplerGuard, StaleSampler
+from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
 from suzak.vision import PixelBudget, configure_processor, fit_row_images, pad_left, vision_token_ids
 
 __all__ = ["ROW_COLUMN", "VLMGRPOTrainer", "number_rows", "row_name"]
@@ -131,8 +132,10 @@ class VLMGRPOTrainer(GRPOHooks):
         self.train_dataset = number_rows(self.train_dataset)
         try:
             return super().train(*args, **kwargs)
-        except (RewardFault, StaleSampler) as fault:  # raised on every rank while scoring, never mid optimizer step:
-            # the weights are whole
+        except (RewardFault, StaleSampler, NonFiniteStep) as fault:  # raised on every rank alike, before an
+            # optimizer step (a non-finite norm is the same on every rank): the weights are those of the steps done
+            if isinstance(fault, NonFiniteStep) and self.is_deepspeed_enabled:
+                raise  # DeepSpeed applied the step already: nothing of this state is saved
             raise type(fault)(f"{fault}. {self.save_before_stopping()}") from fault.__cause__
         finally:
             self._close_progress_bar()

@@ -3,6 +3,10 @@
 suzak extends TRL's ``GRPOTrainer`` only through the names below, so a TRL upgrade that moves one of them fails there,
 by name, instead of somewhere in a training run:
 
+- :class:`TrainerHooks` (both trainers; :class:`SFTHooks` for SFT) overrides transformers' ``Trainer._save_checkpoint``
+  and ``_get_output_dir`` (checkpoints written to a staging folder, renamed when whole), ``_get_grad_norm`` (a nan/inf
+  step stopped or skipped before the optimizer applies it) and ``_load_from_checkpoint``/``_issue_warnings_after_load``
+  (a resume's weights loaded with the model's key conversion, which transformers 5.17's resume leaves out);
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
   method of the subclass), reads the scored batch from ``_logs``, logs through ``_log_metric``, saves a checkpoint
@@ -30,6 +34,7 @@ Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -41,7 +46,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
+from trl import GRPOTrainer, SFTTrainer
 from trl.trainer.utils import is_async_callable
 
 from suzak import SuzakError
@@ -51,9 +56,13 @@ from suzak.vision import collapse_runs
 __all__ = [
     "REWARD_CALL_KWARGS",
     "GRPOHooks",
+    "NonFiniteStep",
+    "STAGING",
+    "TrainerHooks",
     "RewardFailure",
     "RewardFault",
     "RewardGuard",
+    "SFTHooks",
     "SamplerGuard",
     "StaleSampler",
     "colocated_vllm_on_cpu",
@@ -439,7 +448,170 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.nn.functional.linear(x, weight, bias)
 
 
-class GRPOHooks(GRPOTrainer):
+STAGING = ".suzak-staging"  # in output_dir: checkpoints are written here, then renamed into place when whole
+
+
+class NonFiniteStep(SuzakError):
+    """A step's gradient norm was nan or inf (``on_nonfinite: stop``); raised before the optimizer step."""
+
+
+class TrainerHooks:
+    """A transformers ``Trainer`` mixin (put it before the Trainer class) for every suzak trainer, GRPO and SFT:
+
+    - **atomic checkpoints**: ``_save_checkpoint`` writes ``checkpoint-N`` into ``OUTPUT/.suzak-staging`` (through
+      ``_get_output_dir``, which the Trainer asks for the folder) and renames it into place once every rank has
+      written its part; ``save_total_limit`` then rotates in output_dir (``transformers.trainer_utils.
+      rotate_checkpoints``, as the Trainer does). A save that fails or is killed leaves no ``checkpoint-N`` at all,
+      and the folders before it as they were; the half-written one in staging is removed (at once, or at the next
+      save).
+    - **non-finite steps**: ``_get_grad_norm`` (after clipping, before the optimizer step) sees a nan or inf norm and
+      either raises :class:`NonFiniteStep` (``on_nonfinite = "stop"``: no weight has changed) or drops the step's
+      gradients so the optimizer leaves every weight as it was (``"skip"``, counted in ``nonfinite/skipped_steps``).
+      Under DeepSpeed the engine has already stepped when the norm is known: such a run stops and saves nothing.
+    """
+
+    on_nonfinite = "stop"
+    nonfinite_skipped = 0
+    _staging_dir: str | None = None
+
+    def _get_output_dir(self, trial) -> str:
+        return self._staging_dir or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        import os
+        import shutil
+        from pathlib import Path
+
+        from transformers.trainer_utils import rotate_checkpoints
+
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"checkpoint-{self.state.global_step}"
+        staging = run_dir / STAGING
+        writer = self.args.should_save
+        if writer:
+            shutil.rmtree(staging / name, ignore_errors=True)  # a save killed earlier
+        self.accelerator.wait_for_everyone()
+        self._staging_dir = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        except BaseException:
+            if writer:
+                shutil.rmtree(staging / name, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    staging.rmdir()
+            raise
+        finally:
+            self._staging_dir = None
+        self.accelerator.wait_for_everyone()  # every rank's files (RNG states, ZeRO shards) are in staging
+        if writer:
+            if (self.state.best_model_checkpoint or "").startswith(str(staging)):
+                self.state.best_model_checkpoint = str(run_dir / Path(self.state.best_model_checkpoint).name)
+                self.state.save_to_json(str(staging / name / "trainer_state.json"))
+            final = run_dir / name
+            if final.exists():  # a resumed run at the step of an older folder: swap, then drop the old one
+                old = staging / f"{name}.old"
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                os.replace(staging / name, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging / name, final)
+            with contextlib.suppress(OSError):
+                staging.rmdir()  # when empty
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)  # fmt: skip
+        self.accelerator.wait_for_everyone()
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """The Trainer's resume, then the weights loaded again with the model's key conversion.
+
+        transformers 5.17's ``Trainer._load_from_checkpoint`` reads ``model.safetensors`` (or its shards) into the
+        model with a plain ``load_state_dict(strict=False)``, but ``save_pretrained`` writes the keys with the model's
+        conversion reverted (Qwen2.5-VL: ``visual.*``, ``model.layers.*``): every key missed, the run went on from
+        the base model's weights with the checkpoint's optimizer state, after a warning. Here each key is renamed as
+        ``from_pretrained`` renames it (``transformers.core_model_loading.rename_source_key``), and a key still
+        missing is an error, never a silent fresh start.
+        """
+        import json
+        import os
+
+        from safetensors.torch import load_file
+        from transformers import PreTrainedModel
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        self._reloading = True  # its "missing keys" warning is about the load repaired below
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        finally:
+            self._reloading = False
+        model = self.model if model is None else model
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or not isinstance(model, PreTrainedModel):
+            return  # their own checkpoint formats; PEFT models are not PreTrainedModel (adapters load themselves)
+        single = os.path.join(resume_from_checkpoint, "model.safetensors")
+        index = os.path.join(resume_from_checkpoint, "model.safetensors.index.json")
+        if os.path.isfile(single):
+            files = [single]
+        elif os.path.isfile(index):
+            with open(index, encoding="utf-8") as handle:
+                shards = sorted(set(json.load(handle)["weight_map"].values()))
+            files = [os.path.join(resume_from_checkpoint, shard) for shard in shards]
+        else:
+            return
+        transforms = get_model_conversion_mapping(model)
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        own = model.state_dict()
+        loaded: set[str] = set()
+        for path in files:
+            state = {rename_source_key(key, renamings, converters, model.base_model_prefix, own)[0]: tensor
+                     for key, tensor in load_file(path, device="cpu").items()}  # fmt: skip
+            result = model.load_state_dict(state, strict=False)
+            loaded |= set(state) - set(result.unexpected_keys)
+        tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+        missing = sorted(key for key in own if key not in loaded and key not in tied)
+        if missing:
+            raise SuzakError(f"resume_from_checkpoint {resume_from_checkpoint}: {len(missing)} of the model's weights "
+                             f"are not in the checkpoint (first: {missing[0]}); it was saved from another model")  # fmt: skip
+        logger.info("resumed weights: %d tensors from %s", len(loaded), resume_from_checkpoint)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        if not getattr(self, "_reloading", False):
+            super()._issue_warnings_after_load(load_result)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        value = norm.item() if isinstance(norm, torch.Tensor) else norm
+        if value is None or math.isfinite(value):
+            return norm
+        step = self.state.global_step + 1
+        rows = self.step_rows()
+        where = f"step {step}" + (f" (rows of its batch: {', '.join(rows[:8])}{', ...' if len(rows) > 8 else ''})"
+                                  if rows else "")  # fmt: skip
+        if self.on_nonfinite == "skip" and not self.is_deepspeed_enabled:
+            self.nonfinite_skipped += 1
+            model.zero_grad(set_to_none=True)  # the optimizer skips parameters without a gradient
+            logger.warning("the gradient norm is %s at %s: the optimizer step is skipped, every weight stays as it "
+                           "was (%d step(s) skipped so far; nonfinite/skipped_steps)", value, where,
+                           self.nonfinite_skipped)  # fmt: skip
+            return norm
+        if self.is_deepspeed_enabled:
+            raise NonFiniteStep(f"the gradient norm is {value} at {where}; DeepSpeed has already applied it, so "
+                                "nothing is saved from this run state")  # fmt: skip
+        raise NonFiniteStep(f"the gradient norm is {value} at {where} (a nan or inf loss); the step was not applied "
+                            "and no weight changed (on_nonfinite skip would skip such steps and count them)")  # fmt: skip
+
+    def step_rows(self) -> list[str]:
+        """Names of the dataset rows the current step trains on, when the trainer knows them."""
+        return []
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if self.nonfinite_skipped and "loss" in logs:
+            logs["nonfinite/skipped_steps"] = self.nonfinite_skipped
+        super().log(logs, *args, **kwargs)
+
+
+class GRPOHooks(TrainerHooks, GRPOTrainer):
     """``GRPOTrainer`` with TRL's private hooks overridden; a subclass fills in the public methods they call.
 
     - ``row_names(inputs) -> names``: how messages name each row of a batch (the dataset row it came from);
@@ -564,6 +736,9 @@ class GRPOHooks(GRPOTrainer):
         return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device), mass[mask].sum(),
                             gap.max()])  # fmt: skip
 
+    def step_rows(self) -> list[str]:
+        return list(dict.fromkeys(self._batch_rows))  # each prompt is in the batch num_generations times
+
     def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
         return _batch_positions(len(inputs))
 
@@ -685,3 +860,7 @@ def _cell(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return ""
     return "" if value is None else value
+
+
+class SFTHooks(TrainerHooks, SFTTrainer):
+    """TRL's ``SFTTrainer`` with suzak's atomic checkpoints and non-finite-step handling (:class:`TrainerHooks`)."""

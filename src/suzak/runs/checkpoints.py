@@ -1,9 +1,10 @@
 """Checkpoints that are complete or ignored: a completion marker, and ``latest_checkpoint`` that trusts only that.
 
-transformers writes ``checkpoint-N/`` in place (weights, optimizer, scheduler, RNG, then ``trainer_state.json``), not
-to a temporary folder that is renamed, so a process killed mid-save leaves a half-written folder. suzak adds a
-marker once the Trainer has finished (``CheckpointMarkerCallback`` in :mod:`suzak.runs.streams`): ``.suzak-complete.json``
-listing every file and its size. A folder is complete when it has no ``.suzak-saving`` sentinel and
+suzak's trainers write ``checkpoint-N/`` into ``OUTPUT/.suzak-staging`` and rename it into place once every rank has
+written its part (:class:`suzak.trl_internals.TrainerHooks`), so a process killed mid-save leaves no ``checkpoint-N``
+at all. Then suzak adds a marker (``CheckpointMarkerCallback`` in :mod:`suzak.runs.streams`): ``.suzak-complete.json``
+listing every file and its size, and the run's settings for the resume check (:func:`saved_settings`). A folder is
+complete when it has no ``.suzak-saving`` sentinel (left by suzak versions that saved in place) and
 
 - it has the marker and every listed file exists with its listed size (a later truncation or a half-done deletion
   fails the check), or it has no marker (a checkpoint from a plain Trainer run) and ``trainer_state.json`` exists:
@@ -14,15 +15,13 @@ listing every file and its size. A folder is complete when it has no ``.suzak-sa
   shards) is a whole zip archive. None of this reads the tensors themselves: checking a 7B checkpoint takes
   milliseconds.
 
-When a save is about to overwrite an existing ``checkpoint-N`` (a resumed run reaching the step of a half-written
-folder), the marker is removed and the sentinel written first, so the old state file cannot vouch for new,
-half-written weights. Incomplete folders are skipped with a warning and left in place: the run overwrites them when
-it reaches their step again. :func:`resume_checkpoint` turns ``--resume_from_checkpoint`` into a checkpoint that
-passes these checks, or one line saying why there is none.
+Incomplete folders (a plain Trainer's, a copy cut short) are skipped with a warning and left in place.
+:func:`resume_checkpoint` turns ``--resume_from_checkpoint`` into a checkpoint that passes these checks, or one line
+saying why there is none.
 
-A disk that fills up mid-save leaves the new folder half-written (no state file, so never picked) and the earlier
-checkpoints as they were: the Trainer deletes old checkpoints (``save_total_limit``) only after a save completes.
-:func:`write_failure` says so in one line.
+A disk that fills up mid-save leaves the earlier checkpoints as they were (the Trainer deletes old checkpoints,
+``save_total_limit``, only after a save completes) and the partial one is removed; :func:`write_failure` says so in
+one line, with the free space and about how much was needed.
 """
 
 from __future__ import annotations
@@ -40,13 +39,14 @@ from suzak import SuzakError
 __all__ = [
     "MARKER",
     "SENTINEL",
-    "begin_overwrite",
     "checkpoint_folders",
     "checkpoint_problem",
     "checkpoint_step",
+    "folder_bytes",
     "latest_checkpoint",
     "mark_complete",
     "resume_checkpoint",
+    "saved_settings",
     "write_failure",
 ]
 
@@ -73,23 +73,31 @@ def _files(folder: Path) -> dict[str, int]:
     return sizes
 
 
-def mark_complete(folder: str | Path, global_step: int | None = None) -> Path:
-    """Write the marker (file list with sizes) into a fully written checkpoint and drop the sentinel."""
+def mark_complete(folder: str | Path, global_step: int | None = None, settings: dict | None = None) -> Path:
+    """Write the marker (file list with sizes, and the run's ``settings`` for the resume check) into a fully written
+    checkpoint and drop the sentinel."""
     folder = Path(folder)
     marker = folder / MARKER
     tmp = folder / (MARKER + ".tmp")
-    tmp.write_text(json.dumps({"global_step": global_step, "files": _files(folder)}, indent=1) + "\n")
+    content = {"global_step": global_step, "files": _files(folder), "settings": settings}
+    tmp.write_text(json.dumps(content, indent=1) + "\n")
     os.replace(tmp, marker)  # the marker itself is never half-written
     (folder / SENTINEL).unlink(missing_ok=True)
     return marker
 
 
-def begin_overwrite(folder: str | Path) -> None:
-    """Before a save into an existing folder: drop its marker and leave the sentinel until the save completes."""
-    folder = Path(folder)
-    if folder.is_dir():
-        (folder / SENTINEL).write_text("a save into this folder started and has not finished\n")
-        (folder / MARKER).unlink(missing_ok=True)
+def saved_settings(folder: str | Path) -> dict | None:
+    """The run settings a checkpoint's marker recorded, or None (no marker, or one from before settings were kept)."""
+    try:
+        settings = json.loads((Path(folder) / MARKER).read_text()).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return settings if isinstance(settings, dict) else None
+
+
+def folder_bytes(folder: str | Path, pattern: str = "*") -> int:
+    """Bytes of the files under ``folder`` whose names match ``pattern``."""
+    return sum(p.stat().st_size for p in Path(folder).rglob(pattern) if p.is_file())
 
 
 def _marker_problem(folder: Path) -> str | None:
@@ -261,31 +269,48 @@ def _failed_write(error: BaseException, saving: bool, free: int | None) -> tuple
     if not saving:
         return None
     for cause in _chain(error):  # while a checkpoint is written, an I/O error is the machine's, not a bug
-        if isinstance(cause, OSError) or any(text in str(cause) for text in _TORCH_WRITER_TEXT):
+        if isinstance(cause, OSError) or type(cause).__name__ == "SafetensorError" or \
+                any(text in str(cause) for text in _TORCH_WRITER_TEXT):  # fmt: skip
             reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else _first_line(cause)
+            if any(text in str(cause) for text in _TORCH_WRITER_TEXT):
+                reason = (
+                    f"torch.save could not write the whole file, as on a full disk or past a file size limit: {reason}"
+                )
             return free is not None and free < _NEARLY_FULL, reason
     return None
+
+
+def _size(count: int) -> str:
+    """>>> _size(2_500_000), _size(64_000_000_000)
+    ('2.5 MB', '64.0 GB')"""
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
 
 
 def write_failure(error: BaseException, saving: str | Path | None, output_dir: str | Path) -> str | None:
     """One line for a run stopped by a failed write (a full disk above all), or None when ``error`` is not one.
 
-    ``saving`` is the checkpoint folder being written when it failed (None: between saves). The line names it, the
-    free space, and the newest complete checkpoint, checked again here, which the failed save left as it was.
+    ``saving`` is the checkpoint folder being written when it failed (``output_dir`` itself: the final model; None:
+    between saves). The line names it, the free space, about how much the write needed (the newest complete
+    checkpoint's size, or its weights' for the final model) and that checkpoint, checked again here, which the failed
+    save left as it was.
     """
     free = _free_bytes(output_dir)
     failed = _failed_write(error, saving is not None, free)
     if failed is None:
         return None
     disk_full, reason = failed
-    what = f"saving {saving}" if saving is not None else f"writing to {output_dir}"
-    space = f"; {free / 1e9:.1f} GB free" if free is not None else ""
+    final = saving is not None and Path(saving) == Path(output_dir)
+    what = "saving the final model to" if final else "saving" if saving is not None else "writing to"
+    what = f"{what} {saving if saving is not None else output_dir}"
+    space = f"; {_size(free)} free" if free is not None else ""
     fix = "free space (or lower save_total_limit)" if disk_full else "fix the cause"
     intact = latest_checkpoint(output_dir, warn=False)
+    if intact and saving is not None:  # what the failed write needed, judged by the newest whole checkpoint
+        needed = folder_bytes(intact, "*.safetensors") if final else folder_bytes(intact)
+        space += f", about {_size(needed)} needed ({'its weights in ' if final else 'as '}{Path(intact).name})"
     if intact:
-        after = f"{intact} is the newest complete checkpoint and is intact; {fix}, then rerun with " \
-                "--resume_from_checkpoint latest"  # fmt: skip
+        after = f"{intact} is the newest complete checkpoint and is intact (the partial write was removed); {fix}, " \
+                "then rerun with --resume_from_checkpoint latest"  # fmt: skip
     else:
-        after = f"no checkpoint was complete yet; {fix}" + (f", delete the half-written {saving}" if saving else "") + \
-                " and run again"  # fmt: skip
+        after = f"no checkpoint was complete yet; {fix} and run again"
     return f"{'disk full' if disk_full else 'a write failed'} while {what} ({reason}{space}): {after}"

@@ -27,7 +27,7 @@ from typing import Any
 from PIL import Image
 from transformers import TrainerCallback
 
-from suzak.runs.checkpoints import begin_overwrite, mark_complete
+from suzak.runs.checkpoints import mark_complete
 from suzak.vision import images_of
 
 __all__ = [
@@ -164,10 +164,12 @@ class CheckpointMarkerCallback(TrainerCallback):
     """Marks each checkpoint complete once the Trainer has written all of it (see :mod:`suzak.runs.checkpoints`).
 
     ``saving`` is the checkpoint folder being written, None between saves: a run that fails while saving names it.
+    ``settings`` (:func:`suzak.runs.faults.state_settings`) go into each marker, for the resume check.
     """
 
-    def __init__(self):
-        self.saving: Path | None = None
+    def __init__(self, settings: dict | None = None):
+        self.saving: Path | str | None = None
+        self.settings = settings
 
     def _folder(self, args, state) -> Path:
         return Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -176,8 +178,6 @@ class CheckpointMarkerCallback(TrainerCallback):
         if not control.should_save:
             return
         self.saving = self._folder(args, state)
-        if state.is_world_process_zero:
-            begin_overwrite(self.saving)  # no-op unless the folder already exists
 
     def on_step_end(self, args, state, control, **kwargs):
         self._before_save(args, state, control)
@@ -192,18 +192,18 @@ class CheckpointMarkerCallback(TrainerCallback):
             dist.barrier()  # every rank has written its shards
         folder = self._folder(args, state)
         if state.is_world_process_zero and folder.is_dir():
-            mark_complete(folder, state.global_step)
+            mark_complete(folder, state.global_step, settings=self.settings)
         self.saving = None
 
 
-def add_run_callbacks(trainer) -> CheckpointMarkerCallback:
+def add_run_callbacks(trainer, settings: dict | None = None) -> CheckpointMarkerCallback:
     """The CSV streams and checkpoint markers on a trainer (call on every rank); returns the marker callback.
 
     ``completions.csv`` needs :class:`suzak.trainer.VLMGRPOTrainer`'s ``completion_listeners``; other trainers (SFT)
     get ``metrics.csv`` and the markers.
     """
     output_dir = trainer.args.output_dir
-    markers = CheckpointMarkerCallback()
+    markers = CheckpointMarkerCallback(settings)
     trainer.add_callback(MetricsCSVCallback(output_dir))
     trainer.add_callback(markers)
     if hasattr(trainer, "completion_listeners"):
