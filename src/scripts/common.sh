@@ -25,6 +25,13 @@ else
   NPROC=0
 fi
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+# The command that started this run: the resume line of a run stopped by a signal repeats it (suzak.runs.faults).
+SUZAK_LAUNCH=${SUZAK_LAUNCH:-$(printf '%q ' bash "$0" "$@")}
+export SUZAK_LAUNCH
+# torchrun passes SIGUSR1 (SLURM's --signal) to the workers as it does SIGTERM, and waits this long for them to finish
+# the step under way and write a checkpoint before it kills them (its default is 30 s).
+export TORCHELASTIC_SIGNALS_TO_HANDLE=${TORCHELASTIC_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-900}
 
 launch() {
   local module=$1 cmd; shift
@@ -90,7 +97,13 @@ run_recipe() {
   [ -n "$deepspeed" ] && args=(--deepspeed "$deepspeed" "${args[@]}")
   out=$(output_dir_of "$recipe" "${args[@]}")
   echo "recipe $recipe | deepspeed ${deepspeed:-off} | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
-  launch "$module" --config "$recipe" "${args[@]}"
+  local rc=0
+  launch "$module" --config "$recipe" "${args[@]}" || rc=$?
+  if [ "$rc" -ne 0 ] && [ -f "$out/preempted.json" ]; then  # stopped by a signal after a checkpoint (exit 75)
+    echo "stopped after a checkpoint; resume with: $(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["resume"])' "$out/preempted.json")" >&2
+    return 75
+  fi
+  [ "$rc" -eq 0 ] || return "$rc"
   echo "checkpoints: $(checkpoints_in "$out")   final model + processor: $out   log: $out/train.log   metrics: $out/metrics.csv"
   echo "plots: $out/plots/*.png   live view: python -m suzak.watch $out"
 }

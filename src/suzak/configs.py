@@ -109,6 +109,38 @@ class SuzakArguments:
         default=False,
         metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
     )
+    stop_signals: list[str] = field(
+        default_factory=lambda: ["SIGTERM", "SIGUSR1"],
+        metadata={"help": "Signals that stop training gracefully (preemption: SLURM's --signal, a cloud shutdown): "
+                          "the current optimizer step finishes, a complete checkpoint is written, one line gives the "
+                          "resume command, and the run exits with code 75. [] turns this off."},
+    )  # fmt: skip
+    checkpoint_mirror: str | None = field(
+        default=None,
+        metadata={"help": "Copy every saved checkpoint, in the background, to this folder (a mounted bucket, NFS) "
+                          "or to the Hub as hf://USER/REPO (a folder per checkpoint; HF_TOKEN from .env). A failed "
+                          "copy is a warning and a count, never a stop."},
+    )  # fmt: skip
+    on_nonfinite: str = field(
+        default="stop",
+        metadata={"help": "A step whose gradient norm is nan or inf (a nan/inf loss): 'stop' (one line naming the "
+                          "step, its rows and the newest good checkpoint; no nan weights are written) or 'skip' (the "
+                          "optimizer step is skipped and counted in nonfinite/skipped_steps).",
+                  "choices": ["stop", "skip"]},
+    )  # fmt: skip
+    rank_failure_timeout: float = field(
+        default=120.0,
+        metadata={"help": "Several processes: seconds a rank may go silent (killed, its machine gone) before the "
+                          "others stop with one line naming it; a rank that raises is named at once. Needs an "
+                          "output_dir every rank sees."},
+    )  # fmt: skip
+    resume_override: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume even when the recipe differs from the checkpoint's in a field that changes what the "
+            "saved state means (batch size, num_generations, model, dataset, learning-rate schedule)."
+        },
+    )
 
     def __post_init__(self):
         for name in ("dataset_options", "reward_kwargs"):
@@ -135,6 +167,15 @@ class SuzakArguments:
         if not self.sampler_logp_tolerance > 0:
             raise SuzakError(f"sampler_logp_tolerance {self.sampler_logp_tolerance} must be > 0 (nats per token; "
                              "default 0.1)")  # fmt: skip
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise SuzakError(f"on_nonfinite {self.on_nonfinite!r}: 'stop' or 'skip'")
+        if not self.rank_failure_timeout > 0:
+            raise SuzakError(f"rank_failure_timeout {self.rank_failure_timeout} must be > 0 (seconds)")
+        import signal
+
+        for name in self.stop_signals:
+            if not isinstance(getattr(signal, str(name), None), signal.Signals):
+                raise SuzakError(f"stop_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)")
 
 
 def _env_overrides() -> list[str]:
@@ -327,6 +368,9 @@ def _parse(config_class, argv: list[str] | None):
     _recipe_dataset_options(suzak_args, recipe, flags)
     _recipe_reward_kwargs(suzak_args, recipe, flags)
     _check_vllm_server(config)
+    if suzak_args.on_nonfinite == "skip" and config.deepspeed:
+        raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
+                         "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
     return suzak_args, config, model_args
 
 

@@ -14,6 +14,7 @@ release before the Trainer exists and cleared from the arguments it pickles into
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -29,11 +30,14 @@ __all__ = [
     "add_first",
     "build_datasets",
     "build_eval_callback",
+    "check_resume_settings",
     "check_trained",
     "main",
     "resolve_resume",
     "run",
+    "save_final_model",
     "setup_reporting",
+    "use_wandb_run",
 ]
 
 logger = logging.getLogger(__name__)
@@ -163,29 +167,70 @@ def add_first(trainer, callback) -> None:
 def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None, start_step: int):
     """recipe.yaml and run_info.json (main process), and the CSV streams and checkpoint markers (every rank); returns
     the marker callback (it knows which checkpoint is being saved)."""
+    from suzak.runs.faults import PREEMPTED_FILE, state_settings
     from suzak.runs.record import save_recipe, start_run
     from suzak.runs.streams import add_run_callbacks
 
-    markers = add_run_callbacks(trainer)
+    markers = add_run_callbacks(trainer, state_settings(parsed))
     if trainer.accelerator.is_main_process:
         output_dir = trainer.args.output_dir
+        (Path(output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)  # the stop it recorded is over
         save_recipe(output_dir, full_argv(argv), parsed)
-        start_run(output_dir, argv, parsed, resume, start_step)
+        start_run(output_dir, argv, parsed, resume, start_step, wandb_id=os.environ.get("WANDB_RUN_ID"))
     return markers
 
 
-def _train_and_save(trainer, resume: str | None, markers, start_step: int) -> None:
+def _train_and_save(trainer, resume: str | None, markers, start_step: int, stop) -> None:
     """Train, then save the final model; a failed write (a full disk) is one line naming what was being saved and the
-    intact checkpoint to resume from; a run that made no optimizer step saves nothing (:func:`check_trained`)."""
+    intact checkpoint to resume from; a run that made no optimizer step saves nothing (:func:`check_trained`); a
+    run stopped by a signal (``stop``, :class:`suzak.runs.faults.StopOnSignal`) ends in
+    :class:`suzak.runs.faults.Preempted` after the Trainer's checkpoint."""
+    output_dir = trainer.args.output_dir
     try:
         trainer.train(resume_from_checkpoint=resume)
+        if stop is not None and stop.stopped_at is not None:
+            return
         check_trained(trainer, start_step)
-        trainer.save_model(trainer.args.output_dir)
+        markers.saving = output_dir
+        save_final_model(trainer, output_dir)
+        markers.saving = None
     except Exception as error:
-        message = write_failure(error, markers.saving, trainer.args.output_dir)
+        message = write_failure(error, markers.saving, output_dir)
         if message is None:
             raise
         raise SuzakError(message) from None
+
+
+def save_final_model(trainer, output_dir: str) -> None:
+    """``trainer.save_model`` into ``OUTPUT/.suzak-staging/final``, then each file renamed into ``output_dir``: a save
+    that fails (a full disk, a file size limit) leaves no half-written weights there, only what was there before."""
+    import shutil
+
+    from suzak.trl_internals import STAGING
+
+    staging = Path(output_dir) / STAGING / "final"
+    writer = trainer.args.should_save
+    if writer:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    try:
+        trainer.save_model(str(staging))
+    except BaseException:
+        if writer:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                staging.parent.rmdir()
+        raise
+    trainer.accelerator.wait_for_everyone()
+    if writer:
+        for path in sorted(staging.iterdir()):
+            target = Path(output_dir) / path.name
+            if path.is_dir() and target.is_dir():
+                shutil.rmtree(target)
+            os.replace(path, target)
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            staging.parent.rmdir()  # when empty
 
 
 def check_trained(trainer, start_step: int) -> None:
@@ -245,6 +290,7 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
 
     from suzak.redaction import clear_secret_fields
     from suzak.release.publish import release_request
+    from suzak.runs.faults import Preempted, RankWatch
     from suzak.runs.logfile import TrainLog
     from suzak.runs.record import config_path
 
@@ -256,32 +302,76 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     train_args.push_to_hub = False  # one suzak release at the end, not a Trainer push at every save
     setup_reporting(train_args, recipe=config_path(argv))
     log = TrainLog(train_args.output_dir, full_argv(argv)) if train_args.process_index == 0 else None
+    watch = None
+    if train_args.world_size > 1:  # several processes: a rank that dies is named, the others do not hang
+        watch = RankWatch(train_args.output_dir, train_args.process_index, train_args.world_size,
+                          suzak_args.rank_failure_timeout)  # fmt: skip
+        watch.prepare()
+        watch.start()
     try:
-        _run(argv, (suzak_args, train_args, model_args), build, release, log)
+        _run(argv, (suzak_args, train_args, model_args), build, release, log, _module_of(build))
+    except Preempted:
+        if watch is not None:
+            watch.stop()
+        raise
     except SuzakError as error:
+        if watch is not None:
+            watch.failed(str(error))
         if log is not None:
             log.error(str(error))
         raise
-    except Exception:
+    except Exception as error:
+        if watch is not None:
+            watch.exit_if_another_failed()  # this rank's error is the other's consequence
+            watch.failed(f"{type(error).__name__}: {' '.join(str(error).split())[:500]}")
         if log is not None:
             log.crash()
         raise
+    else:
+        if watch is not None:
+            watch.stop()
     finally:
         if log is not None:
             log.close()
     return train_args.output_dir
 
 
-def _run(argv: list[str], parsed: tuple, build: Callable, release, log) -> None:
+def _module_of(build: Callable) -> str:
+    """The training module ``build`` belongs to (``suzak.train``), also when it runs as ``__main__``."""
+    module = build.__module__
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return spec.name if module == "__main__" and spec is not None else module
+
+
+def _run(argv: list[str], parsed: tuple, build: Callable, release, log, module: str) -> None:
     """Resume, build, train, save and finish a parsed run; rank 0's ``log`` (train.log) records it."""
+    from suzak.runs.faults import CheckpointMirror, StopOnSignal, state_settings
+
     suzak_args, train_args, model_args = parsed
     resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
+    check_resume_settings(resume, state_settings(parsed), suzak_args.resume_override)
+    if "wandb" in (train_args.report_to or []):
+        use_wandb_run(train_args.output_dir, resumed=resume is not None)
     trainer = build(suzak_args, train_args, model_args)
+    trainer.on_nonfinite = suzak_args.on_nonfinite
     if log is not None:
         trainer.add_callback(log.callback())
+    stop = StopOnSignal(suzak_args.stop_signals) if suzak_args.stop_signals else None
+    if stop is not None:
+        trainer.add_callback(stop)  # before the markers: it decides at a step's end whether that step saves
     start_step = (checkpoint_step(Path(resume)) or 0) if resume else 0
     markers = _start_records(trainer, argv, parsed, resume, start_step)
-    _train_and_save(trainer, resume, markers, start_step)
+    mirror = None
+    if suzak_args.checkpoint_mirror and trainer.accelerator.is_main_process:
+        mirror = CheckpointMirror(suzak_args.checkpoint_mirror, train_args.output_dir, os.environ.get("HF_TOKEN"))
+        trainer.add_callback(mirror)  # after the markers: a copy carries its checkpoint's marker
+    try:
+        _train_and_save(trainer, resume, markers, start_step, stop)
+    finally:
+        if mirror is not None:
+            mirror.close()
+    if stop is not None and stop.stopped_at is not None:
+        _stopped(trainer, stop, argv, module)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(train_args.output_dir)
         logger.info("model and processor saved to %s", train_args.output_dir)
@@ -289,13 +379,70 @@ def _run(argv: list[str], parsed: tuple, build: Callable, release, log) -> None:
         logger.info("done: model and processor, train.log, metrics.csv and plots in %s", train_args.output_dir)
 
 
+def _stopped(trainer, stop, argv: list[str], module: str):
+    """After a signal: record it (``preempted.json``, run_info.json) and raise :class:`~suzak.runs.faults.Preempted`
+    with the resume command."""
+    import json
+
+    from suzak.runs.faults import PREEMPTED_FILE, Preempted, resume_command
+    from suzak.runs.record import finish_run
+
+    output_dir, step = trainer.args.output_dir, stop.stopped_at
+    command = resume_command(module, argv)
+    checkpoint = Path(output_dir) / f"checkpoint-{step}"
+    if trainer.accelerator.is_main_process:
+        note = {"signal": stop.received, "step": step, "checkpoint": str(checkpoint), "resume": command}
+        (Path(output_dir) / PREEMPTED_FILE).write_text(json.dumps(note, indent=1) + "\n", encoding="utf-8")
+        finish_run(output_dir, step, status="preempted")
+    raise Preempted(
+        f"stopped by {stop.received} after step {step}: {checkpoint} holds every completed step; resume with: {command}"
+    )
+
+
+def check_resume_settings(resume: str | None, settings: dict, override: bool) -> None:
+    """Before the model loads: a resume whose recipe changes a setting the checkpoint's state depends on (recorded in
+    its marker; :func:`suzak.runs.faults.state_settings`) stops with the list, unless ``override``."""
+    from suzak.runs.checkpoints import saved_settings
+    from suzak.runs.faults import changed_settings
+
+    saved = saved_settings(resume) if resume else None
+    changes = changed_settings(saved, settings) if saved else []
+    if not changes:
+        return
+    message = (f"resume_from_checkpoint {resume}: this run changes {len(changes)} setting(s) the checkpoint's state "
+               f"depends on ({'; '.join(changes)})")  # fmt: skip
+    if override:
+        logger.warning("%s; going on (resume_override)", message)
+        return
+    raise SuzakError(f"{message}: set them back, or add --resume_override true to continue with the new values")
+
+
+def use_wandb_run(output_dir: str, resumed: bool) -> None:
+    """One W&B run per training run: a resumed run logs into the W&B run it started (its id is in run_info.json),
+    a new one gets a new id (``WANDB_RUN_ID`` from the environment wins)."""
+    import uuid
+
+    from suzak.runs.record import read_run_info
+
+    known = read_run_info(output_dir).get("wandb_run_id") if resumed else None
+    os.environ.setdefault("WANDB_RUN_ID", known or uuid.uuid4().hex[:12])
+    os.environ.setdefault("WANDB_RESUME", "allow")
+    if known:
+        logger.info("W&B: resuming run %s", os.environ["WANDB_RUN_ID"])
+
+
 def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
-    """A training command: logging, secrets redacted in every log line, one ``error:`` line for bad input."""
+    """A training command: logging, secrets redacted in every log line, one ``error:`` line for bad input; a run
+    stopped by a signal prints its resume line and exits with :data:`suzak.runs.faults.EXIT_PREEMPTED` (75)."""
     from suzak.redaction import install_log_redaction
+    from suzak.runs.faults import EXIT_PREEMPTED, Preempted
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     try:
         run(argv, parse, build)
+    except Preempted as stopped:
+        print(stopped, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_PREEMPTED) from None
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None

@@ -31,6 +31,7 @@ __all__ = [
     "config_path",
     "finish_run",
     "hardware",
+    "plain_value",
     "read_run_info",
     "recipe_as_run",
     "save_recipe",
@@ -53,14 +54,14 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A YAML/JSON-safe form of a parsed argument value (enums by value, unknown objects as text)."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
@@ -88,7 +89,7 @@ def _values(keys: list[str] | tuple[str, ...], parsed: tuple) -> dict[str, Any]:
     for key in keys:
         owner = next((args for args in parsed if is_dataclass(args) and key in {f.name for f in fields(args)}), None)
         if owner is not None:
-            values[key] = _plain(getattr(owner, key))
+            values[key] = plain_value(getattr(owner, key))
     return redact(values)
 
 
@@ -153,10 +154,13 @@ def _write_run_info(output_dir: str | Path, info: dict) -> None:
 
 
 def start_run(output_dir: str | Path, argv: list[str], parsed: tuple, resumed_from: str | None = None,
-              start_step: int = 0) -> None:  # fmt: skip
-    """Append this launch to ``run_info.json``; settings, hardware and versions of the newest launch at the top."""
+              start_step: int = 0, wandb_id: str | None = None) -> None:  # fmt: skip
+    """Append this launch to ``run_info.json``; settings, hardware and versions of the newest launch (and the W&B
+    run id, which a resume reuses) at the top."""
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     info = read_run_info(output_dir)
+    if wandb_id:
+        info["wandb_run_id"] = wandb_id
     info["settings"], info["hardware"], info["versions"] = _values(SETTINGS, parsed), hardware(), versions()
     command = " ".join([Path(sys.executable).name, "-m", "suzak.train", *redact_argv(argv)])
     info["launches"].append({"start": _now(), "command": command, "resumed_from": resumed_from,
