@@ -157,7 +157,8 @@ def test_a_file_size_limit_while_saving_is_one_line_and_leaves_nothing_partial(
     extra += ["--model_name_or_path", str(tiny_model_dir)]  # built before the limit
     if saving == "checkpoint":  # a first, whole checkpoint, written without the limit
         assert train(["--config", SMOKE, "--output_dir", str(out), "--save_steps", "1", "--max_steps", "1",
-                      "--lr_scheduler_type", "constant"], run_env).returncode == 0  # fmt: skip
+                      "--lr_scheduler_type", "constant", "--model_name_or_path", str(tiny_model_dir)],
+                     run_env).returncode == 0  # fmt: skip
         extra += ["--resume_from_checkpoint", "latest"]
     command = shlex.join([sys.executable, "-m", "suzak.train", "--config", SMOKE, "--output_dir", str(out),
                           "--max_steps", "2", "--lr_scheduler_type", "constant", *extra])  # fmt: skip
