@@ -211,8 +211,8 @@ class RankWatch:
         self._stop.set()
         try:
             self._path(self.rank, "failed").write_text(error + "\n")
-        except OSError:
-            pass
+        except OSError as problem:  # the others then find this rank by its silence, after the timeout
+            logger.warning("rank watch: could not leave this rank's failure note (%s)", problem)
 
     def first_failure(self) -> tuple[int, str] | None:
         """(rank, line) of another rank's failure note, the earliest written, or None."""
