@@ -281,8 +281,11 @@ def _failed_write(error: BaseException, saving: bool, free: int | None) -> tuple
 
 
 def _size(count: int) -> str:
-    """>>> _size(2_500_000), _size(64_000_000_000)
-    ('2.5 MB', '64.0 GB')"""
+    """A byte count as MB or GB, as the failure line says it.
+
+    >>> _size(2_500_000), _size(64_000_000_000)
+    ('2.5 MB', '64.0 GB')
+    """
     return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
 
 
