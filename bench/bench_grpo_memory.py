@@ -5,6 +5,7 @@ the tokenizer/processor are the offline tiny ones, and every completion is force
 (``min_new_tokens``), which makes memory and time comparable to a real run at that completion length.
 
     python bench/bench_grpo_memory.py --shape 3b --mode full --steps 3              # one configuration
+    python bench/bench_grpo_memory.py --shape 7b --mode qlora --steps 3             # LoRA r64 on a 4-bit nf4 base
     torchrun --nproc_per_node 1 bench/bench_grpo_memory.py --shape 3b --deepspeed ds_configs/zero2.json
     python bench/bench_grpo_memory.py --table results.jsonl                         # print the comparison table
 
@@ -54,8 +55,10 @@ def run(args) -> dict:
     ]  # fmt: skip
     if args.deepspeed:
         cli += ["--deepspeed", args.deepspeed]
-    if args.mode == "lora":
+    if args.mode in ("lora", "qlora"):
         cli += ["--use_peft", "true", "--lora_r", "64", "--lora_alpha", "128", "--lora_target_modules", "q_proj", "k_proj", "v_proj", "o_proj"]  # fmt: skip
+    if args.mode == "qlora":  # the same adapters on an nf4 base (vision tower and lm_head unquantized)
+        cli += ["--load_in_4bit", "true", "--bnb_4bit_quant_type", "nf4"]
     if args.mode == "freeze_vision":
         cli += ["--freeze_vision_tower", "true"]
     suzak_args, grpo_args, model_args = parse_args(cli)
@@ -66,7 +69,11 @@ def run(args) -> dict:
     trainer.train()
     completions = args.batch * torch.distributed.get_world_size() if torch.distributed.is_initialized() else args.batch
     steady = stats.step_times[1:] or stats.step_times
-    weights = next(trainer.model.parameters()).dtype
+    weights = (
+        "nf4 + bf16 vision/embeddings + fp32 adapters"
+        if args.mode == "qlora"
+        else next(trainer.model.parameters()).dtype
+    )
     return {
         "shape": args.shape, "mode": args.mode, "weights": str(weights).removeprefix("torch."),
         "deepspeed": Path(args.deepspeed).stem if args.deepspeed else "none",
@@ -93,7 +100,7 @@ def print_table(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="3b")
-    parser.add_argument("--mode", choices=["full", "lora", "freeze_vision"], default="full")
+    parser.add_argument("--mode", choices=["full", "lora", "qlora", "freeze_vision"], default="full")
     parser.add_argument("--deepspeed", default=None, help="DeepSpeed config (run under torchrun)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8, help="completions per GPU per step (8 = 1 prompt x 8)")

@@ -246,3 +246,14 @@ def test_key_conversion_helpers():
     assert _params(rename_source_key)[:5] == ["source_key", "weight_renamings", "weight_converters",
                                               "base_model_prefix", "meta_state_dict"]  # fmt: skip
     assert _params(rotate_checkpoints)[:4] == ["output_dir", "save_total_limit", "best_model_checkpoint", "use_mtime"]
+
+
+@pytest.mark.parametrize("trainer", ["GRPOTrainer", "SFTTrainer"])
+def test_trl_casts_a_quantized_models_adapters_to_bf16(trainer):
+    """What TrainerHooks undoes with keep_adapters_fp32 (suzak.trl_internals): TRL's __init__ casts every trainable
+    parameter of a 4/8-bit model to bf16. When this fails, TRL keeps them as PEFT made them, and the cast can go."""
+    import trl
+
+    source = inspect.getsource(getattr(trl, trainer).__init__)
+    assert 'getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)' in source
+    assert "param.data = param.data.to(torch.bfloat16)" in source

@@ -5,6 +5,7 @@
 #   bash bench/gpu/run.sh train [ARGS...]    # bench_grpo_speed.py --device cuda (ARGS go to it, e.g. --rows suzak:vllm:64)
 #   bash bench/gpu/run.sh eval [ARGS...]     # bench_eval_speed.py --device cuda
 #   bash bench/gpu/run.sh selftest           # python -m suzak.selftest --device cuda --vllm
+#   bash bench/gpu/run.sh qlora              # the QLoRA tests on CUDA bitsandbytes, then the 7B QLoRA memory row
 #
 # The wheels come from bench/gpu/wheelhouse.sh, unpacked by the carry-chunks pieces under /tmp/carried/.whl-gpu
 # (WHEELS=DIR for another folder); they are installed into /tmp/site, which lasts while the machine stays warm.
@@ -19,7 +20,7 @@ if [ ! -f "$site/.installed" ]; then
   touch "$site/.installed"
 fi
 export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1 SUZAK_COMMIT=${SUZAK_COMMIT:-?}
-stage=${1:?usage: run.sh check|train|eval|selftest [ARGS...]}
+stage=${1:?usage: run.sh check|train|eval|qlora|selftest [ARGS...]}
 shift
 case $stage in
   check)
@@ -33,7 +34,13 @@ case $stage in
   eval)
     python3 bench/bench_eval_speed.py --device cuda --results "$out/results_eval_speed.jsonl" "$@" 2>&1 \
       | tee "$out/eval.log" | grep -v '^{' ;;
+  qlora)
+    python3 -c "import bitsandbytes, torch; print('bitsandbytes', bitsandbytes.__version__, torch.cuda.get_device_name())" \
+      2>&1 | tee "$out/qlora.log"
+    python3 -m pytest -q -p no:cacheprovider tests/test_qlora.py 2>&1 | tee -a "$out/qlora.log" | tail -5
+    python3 bench/bench_grpo_memory.py --shape 7b --mode qlora --steps 3 --results "$out/results_grpo_memory.jsonl" \
+      2>&1 | tee -a "$out/qlora.log" | grep '^{' ;;
   selftest)
     python3 -m suzak.selftest --device cuda --vllm --json "$out/selftest-vllm.json" "$@" 2>&1 | tee "$out/selftest.log" ;;
-  *) echo "unknown stage $stage (check, train, eval, selftest)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (check, train, eval, qlora, selftest)" >&2; exit 2 ;;
 esac

@@ -76,10 +76,28 @@ preset_recipe() {
   echo "unknown preset $name (known: ${known% })" >&2; return 2
 }
 
+# quantized_run RECIPE ARGS...: whether the run loads its model through bitsandbytes (load_in_4bit/load_in_8bit true
+# in the recipe, or a flag turning it on; a flag turning it off wins over the recipe).
+quantized_run() {
+  local recipe=$1 found=1 i; shift
+  grep -Eq '^load_in_(4|8)bit:[[:space:]]*(true|True|yes)' "$recipe" 2>/dev/null && found=0
+  local args=("$@")
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case ${args[$i]} in
+      --load_in_4bit|--load_in_8bit)
+        case ${args[$((i + 1))]:-true} in true|True|yes|1|--*) found=0 ;; *) found=1 ;; esac ;;
+      --load_in_4bit=*|--load_in_8bit=*)
+        case ${args[$i]#*=} in true|True|yes|1) found=0 ;; *) found=1 ;; esac ;;
+    esac
+  done
+  return $found
+}
+
 # run_recipe MODULE DEFAULT_RECIPE PRESETS ARGS...: the body of every launch script.
 #   --preset NAME -> that preset's recipe from PRESETS ("smoke=recipes/smoke.yaml demo=recipes/demo.yaml"), CPU
 #   recipes, so no DeepSpeed; --recipe PATH; everything else overrides the recipe.
-#   DeepSpeed ZeRO-2 by default (ZeRO-2 + optimizer offload on a single GPU; see docs/benchmarks.md).
+#   DeepSpeed ZeRO-2 by default (ZeRO-2 + optimizer offload on a single GPU; see docs/benchmarks.md); none for a
+#   QLoRA run (quantized_run).
 run_recipe() {
   local module=$1 recipe=$2 presets=$3 deepspeed=ds_configs/zero2.json args=() out
   shift 3
@@ -91,6 +109,9 @@ run_recipe() {
       *) args+=("$1"); shift ;;
     esac
   done
+  if [ -n "$deepspeed" ] && quantized_run "$recipe" "${args[@]}"; then
+    deepspeed=""  # QLoRA: the adapters and their optimizer fit every GPU; several GPUs run plain DDP
+  fi
   if [ "$deepspeed" = ds_configs/zero2.json ] && [ "$NPROC" -eq 1 ] && [ "${NNODES:-1}" -eq 1 ]; then
     deepspeed=ds_configs/zero2_offload.json  # one GPU: ZeRO-2 alone runs out of memory even for 3B
   fi

@@ -35,7 +35,7 @@ from PIL import Image
 
 from suzak import SuzakError
 from suzak.parsing import gold_answer
-from suzak.prompts import render_answer
+from suzak.prompts import after_opening, render_answer, template_opening
 from suzak.trl_internals import reward_call_kwargs
 from suzak.vision import PixelBudget, images_of, processor_bounds, prompt_tokens, to_rgb
 
@@ -51,13 +51,16 @@ def preflight(
     *,
     num_rows: int = 8,
     reward_weights: list[float] | None = None,
+    opening: str = "",
 ) -> None:
     """Check that every reward gives 1.0 to the ideal completion of the first ``num_rows`` rows, before training.
 
     The ideal completion is ``render_answer(answer_format, gold)``. Each reward is called as GRPOTrainer calls it
     (every dataset column as a keyword list), with plain-string and with conversational completions. A reward with
     weight 0 is skipped. A mismatch between rewards and prompt template otherwise shows up only as a flat reward
-    curve hours later; here it raises ``SuzakError`` at once.
+    curve hours later; here it raises ``SuzakError`` at once. ``opening``: the chat template's opening of the
+    assistant turn that the rewards read each completion after (``opening_in_completion``); the completions checked
+    are then what the model writes after it (:func:`suzak.prompts.after_opening`).
 
     >>> from suzak.rewards import clevr_count, think_format
     >>> rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
@@ -68,7 +71,7 @@ def preflight(
     suzak.SuzakError: reward pre-flight failed: reward 'clevr_count' returned 0.0 (expected 1.0) ...
     """
     rows = _head_rows(dataset, num_rows)
-    ideals = _ideal_completions(rows, answer_format)
+    ideals = [after_opening(ideal, opening) for ideal in _ideal_completions(rows, answer_format)]
     weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     if len(weights) != len(reward_funcs):
         raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
@@ -142,26 +145,27 @@ def _name(func: Callable) -> str:
 
 def check_answer_opening(processing_class: Any, answer_format: str, chat_template_kwargs: dict | None = None) -> None:
     """Stop before step 1 when the chat template opens, at the end of every generation prompt, the tag the answer
-    format's completions start with.
+    format's completions start with, and the run does not count that opening as part of each completion.
 
     Qwen3.5's template ends the prompt with ``<think>\\n`` (its thinking mode): the policy continues inside the
     thinking block and never writes ``<think>`` itself, so R1-V's ``think_answer`` format (``<think>…</think>
-    <answer>…</answer>``, scored by ``think_format``) would score every completion 0, silently. ``chat_template_kwargs``
-    are TRL's (``GRPOConfig.chat_template_kwargs``), applied as training applies them.
+    <answer>…</answer>``, scored by ``think_format``) would score every completion 0, silently. Two ways out, per
+    recipe: ``opening_in_completion: true`` (rewards and evaluation read each completion after the template's
+    opening, :func:`suzak.prompts.template_opening`) or the template's own switch (``chat_template_kwargs:
+    {enable_thinking: false}``). ``chat_template_kwargs`` are TRL's, applied as training applies them.
     """
     tag = re.match(r"\s*<([A-Za-z_][\w-]*)>", render_answer(answer_format, "1"))
     if tag is None:
         return
-    messages = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
-    prompt = processing_class.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  **(chat_template_kwargs or {}))  # fmt: skip
-    if re.search(rf"<{tag.group(1)}>\s*$", prompt):
+    opening = template_opening(processing_class, chat_template_kwargs)
+    if opening.strip() == f"<{tag.group(1)}>":
         raise SuzakError(
             f"the model's chat template ends every generation prompt with <{tag.group(1)}> (Qwen3.5's thinking mode): "
             f"completions start inside it and never write <{tag.group(1)}> themselves, so the {answer_format!r} answer "
-            f"format (prompt_template) would get a format reward of 0 for every completion. Use a prompt template whose "
-            f"answers do not open with <{tag.group(1)}> (e.g. plain), or a model whose template leaves the assistant "
-            "turn empty (Qwen3-VL Instruct)"
+            f"format (prompt_template) would get a format reward of 0 for every completion. Set "
+            f"opening_in_completion: true (the rewards and the evaluation read each completion after the template's "
+            f"{opening!r}), or turn the template's thinking off with chat_template_kwargs: {{enable_thinking: false}}, "
+            f"or use a prompt template whose answers do not open with <{tag.group(1)}> (e.g. plain)"
         )
 
 

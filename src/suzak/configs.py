@@ -76,6 +76,19 @@ class SuzakArguments:
                           "they update the recipe's reward by reward, key by key ({reward: null} drops the recipe's)."},
     )  # fmt: skip
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
+    quantize_vision_tower: bool = field(
+        default=False,
+        metadata={"help": "With load_in_4bit/load_in_8bit: quantize the vision encoder too (default: it stays in the "
+                          "compute dtype; docs/qlora.md says why)."},
+    )  # fmt: skip
+    opening_in_completion: bool = field(
+        default=False,
+        metadata={"help": "Rewards, the reward pre-flight and evaluation read each completion after the chat "
+                          "template's opening of the assistant turn (Qwen3.5's <think>, its thinking mode), which the "
+                          "policy never writes itself. Without it, a template that opens the answer format's first "
+                          "tag stops the run before step 1 (or turn thinking off: chat_template_kwargs: "
+                          "{enable_thinking: false})."},
+    )  # fmt: skip
     preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
     skip_bad_rows: bool = field(
         default=False,
@@ -368,10 +381,31 @@ def _parse(config_class, argv: list[str] | None):
     _recipe_dataset_options(suzak_args, recipe, flags)
     _recipe_reward_kwargs(suzak_args, recipe, flags)
     _check_vllm_server(config)
+    _check_quantization(suzak_args, config, model_args)
     if suzak_args.on_nonfinite == "skip" and config.deepspeed:
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
     return suzak_args, config, model_args
+
+
+def _check_quantization(suzak_args, config, model_args) -> None:
+    """QLoRA settings that cannot work, before anything loads: both bit widths, a quantized model without adapters
+    to train, colocated or served vLLM (TRL sends vLLM the merged weights, which for a bitsandbytes base are packed
+    4-bit tensors its bf16 model cannot take). (TRL's parser already refuses a 4-bit type other than nf4 or fp4.)"""
+    flag = "load_in_4bit" if model_args.load_in_4bit else "load_in_8bit" if model_args.load_in_8bit else None
+    if flag is None:
+        if suzak_args.quantize_vision_tower:
+            raise SuzakError("quantize_vision_tower needs load_in_4bit or load_in_8bit: nothing else is quantized")
+        return
+    if model_args.load_in_4bit and model_args.load_in_8bit:
+        raise SuzakError("load_in_4bit and load_in_8bit are both set: pick one bit width")
+    if not model_args.use_peft:
+        raise SuzakError(f"{flag} freezes the model in bitsandbytes' {flag[8:]} format: it trains LoRA adapters on "
+                         "top (QLoRA), so set use_peft: true (and lora_target_modules)")  # fmt: skip
+    if getattr(config, "use_vllm", False):
+        raise SuzakError(f"{flag} with use_vllm: TRL hands vLLM the policy's weights with the adapter merged, and a "
+                         "bitsandbytes base holds packed quantized tensors there that vLLM's model cannot load; "
+                         "generate with transformers (use_vllm: false), or train LoRA on the bf16 model with vLLM")  # fmt: skip
 
 
 def _check_vllm_server(config) -> None:

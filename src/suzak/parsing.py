@@ -44,6 +44,7 @@ __all__ = [
     "r1v_accuracy",
     "r1v_count",
     "r1v_math_verify",
+    "with_opening",
     "word_parser",
 ]
 
@@ -101,6 +102,38 @@ def completion_text(completion) -> str:
     if content is None:
         raise TypeError("a completion's message content must be a string or a list of parts, not None")
     return content_text(content)
+
+
+def with_opening(completion, opening: str):
+    """``completion`` (any form :func:`completion_text` reads) with ``opening`` in front of its text: the whole
+    assistant turn when the chat template wrote ``opening`` at its start (:func:`suzak.prompts.template_opening`).
+
+    >>> with_opening(" 3 </think> <answer>3</answer>", "<think>\\n")
+    '<think>\\n 3 </think> <answer>3</answer>'
+    >>> with_opening([{"role": "assistant", "content": "x"}], "<think>\\n")
+    [{'role': 'assistant', 'content': '<think>\\nx'}]
+    >>> with_opening([{"role": "assistant", "content": [{"type": "text", "text": "x"}]}], "<t>")
+    [{'role': 'assistant', 'content': [{'type': 'text', 'text': '<t>x'}]}]
+    """
+    if not opening:
+        return completion
+    if isinstance(completion, str):
+        return opening + completion
+    completion_text(completion)  # the same TypeError for a form it cannot read
+    messages = [dict(m) if isinstance(m, dict) else m for m in completion]
+    reply = next(m for m in reversed(messages) if isinstance(m, dict) and m.get("role", "assistant") == "assistant")
+    content = reply.get("content")
+    if isinstance(content, list):
+        parts = [dict(p) if isinstance(p, dict) else p for p in content]
+        first = next((p for p in parts if isinstance(p, dict) and p.get("type") == "text"), None)
+        if first is None:
+            parts.insert(0, {"type": "text", "text": opening})
+        else:
+            first["text"] = opening + (first.get("text") or "")
+        reply["content"] = parts
+    else:
+        reply["content"] = opening + (content or "")
+    return messages
 
 
 def content_text(content, image: str = "") -> str:

@@ -11,17 +11,21 @@ writes a question for the model or an ideal answer goes through this module, so 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ANSWER_FORMATS",
     "DEFAULT_TEMPLATE",
     "TEMPLATES",
     "PromptTemplate",
+    "after_opening",
     "build_conversation",
     "get_template",
     "render_answer",
     "render_prompt",
+    "template_opening",
 ]
 
 
@@ -117,3 +121,33 @@ def build_conversation(text: str, num_images: int = 1) -> list[dict]:
         return [{"role": "user", "content": text}]
     content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
     return [{"role": "user", "content": content}]
+
+
+def template_opening(processing_class: Any, chat_template_kwargs: dict | None = None) -> str:
+    """What the chat template writes at the start of the assistant turn and leaves open at the end of every generation
+    prompt: Qwen3.5's ``<think>\\n`` (its thinking mode), ``""`` for a template that opens no tag (Qwen2.5-VL, Qwen3-VL
+    Instruct, Qwen3.5 with ``enable_thinking: false``, whose prompt ends with a closed ``<think>\\n\\n</think>\\n\\n``).
+
+    ``chat_template_kwargs`` are TRL's (``GRPOConfig.chat_template_kwargs``), applied as training applies them. The
+    completions a model generates after such a prompt start inside the opened tag; the rewards, the reward pre-flight
+    and the evaluation read them after this text when a recipe sets ``opening_in_completion``.
+    """
+    messages = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
+    prompt = processing_class.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  **(chat_template_kwargs or {}))  # fmt: skip
+    found = re.search(r"<[A-Za-z_][\w-]*>\s*$", prompt)
+    return prompt[found.start() :] if found else ""
+
+
+def after_opening(answer: str, opening: str) -> str:
+    """The part of ``answer`` (a whole answer in its format) a model writes when the template already wrote
+    ``opening`` (:func:`template_opening`); ``answer`` itself when it does not start with the opening's tag.
+
+    >>> after_opening("<think> I see 3. </think> <answer> 3 </answer>", "<think>\\n")
+    ' I see 3. </think> <answer> 3 </answer>'
+    >>> after_opening("<answer> 3 </answer>", "<think>\\n"), after_opening("3", "")
+    ('<answer> 3 </answer>', '3')
+    """
+    tag = opening.strip()
+    stripped = answer.lstrip()
+    return stripped[len(tag) :] if tag and stripped.startswith(tag) else answer

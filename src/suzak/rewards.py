@@ -32,12 +32,14 @@ from suzak.parsing import (
     parse_int_answer,
     parse_number,
     parse_word,
+    with_opening,
     word_parser,
 )
 from suzak.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
+    "after_opening",
     "word_match",
     "clevr_count",
     "gsm8k_accuracy",
@@ -318,6 +320,40 @@ def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
             raise SuzakError(
                 f"reward {name!r} has no parameter {key!r}; its parameters: {', '.join(settable) or '(none)'}"
             )
+
+
+def after_opening(reward: Callable, opening: str) -> Callable:
+    """``reward`` reading every completion with ``opening`` in front (:func:`suzak.parsing.with_opening`): the chat
+    template's opening of the assistant turn (Qwen3.5's ``<think>\\n``), which the policy never generates itself.
+
+    Keeps what TRL and suzak read off a reward: its ``__name__`` (metric names), its gold parser, async or not.
+
+    >>> written = [" 3 cubes </think> <answer>3</answer>"]  # what the policy generated after "<think>\\n"
+    >>> reward = after_opening(think_format, "<think>\\n")
+    >>> reward.__name__, reward(written), think_format(written)
+    ('think_format', [1.0], [0.0])
+    """
+    if not opening:
+        return reward
+
+    def opened(completions: list) -> list:
+        return [with_opening(c, opening) for c in completions]
+
+    if inspect.iscoroutinefunction(getattr(reward, "func", reward)):
+
+        async def wrapper(completions, *args, **kwargs):
+            return await reward(*args, completions=opened(completions), **kwargs)
+    else:
+
+        def wrapper(completions, *args, **kwargs):
+            return reward(*args, completions=opened(completions), **kwargs)
+
+    functools.update_wrapper(wrapper, reward)
+    wrapper.__name__ = getattr(reward, "__name__", type(reward).__name__)
+    if (parse := gold_parser(reward)) is not None:
+        wrapper.gold_parser = parse
+    wrapper.opening = opening
+    return wrapper
 
 
 def resolve_rewards(names: list[str], reward_kwargs: dict[str, dict] | None = None) -> list[Callable]:

@@ -75,6 +75,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     from trl import get_peft_config
 
     from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
+    from suzak.models.lora_targets import check_lora_targets
     from suzak.trl_internals import SFTHooks
     from suzak.vision import configure_processor, fit_row_images
 
@@ -85,9 +86,13 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     if "image" in dataset.column_names or "images" in dataset.column_names:
         dataset = dataset.map(lambda row: fit_row_images(row, budget), desc="fit images")
     sft_args.completion_only_loss = True
-    model, processing_class = load_model_and_processor(model_args, sft_args)
+    model, processing_class = load_model_and_processor(
+        model_args, sft_args, quantize_vision_tower=suzak_args.quantize_vision_tower
+    )
     budget = budget.for_model(processing_class)  # the loader checked that processor and config agree
     configure_processor(processing_class, budget)
+    peft_config = get_peft_config(model_args)
+    check_lora_targets(model, peft_config)  # a LoRA target that matches nothing stops here, not silently
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
     trainer = SFTHooks(
@@ -95,7 +100,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
         args=sft_args,
         train_dataset=dataset,
         processing_class=processing_class,
-        peft_config=get_peft_config(model_args),
+        peft_config=peft_config,
         **trainer_kwargs,
     )
     add_first(trainer, build_eval_callback(suzak_args, sft_args, heldout, processing_class, budget))

@@ -21,6 +21,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     from trl import get_peft_config
 
     from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
+    from suzak.models.lora_targets import check_lora_targets
     from suzak.prompts import get_template
     from suzak.rewards import resolve_rewards
     from suzak.trainer import VLMGRPOTrainer
@@ -34,7 +35,11 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     heldout = None
     if train_dataset is None:
         train_dataset, heldout = build_datasets(suzak_args, grpo_args, budget)
-    model, processing_class = load_model_and_processor(model_args, grpo_args)
+    model, processing_class = load_model_and_processor(
+        model_args, grpo_args, quantize_vision_tower=suzak_args.quantize_vision_tower
+    )
+    peft_config = get_peft_config(model_args)
+    check_lora_targets(model, peft_config)  # a LoRA target that matches nothing stops here, not silently
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
     trainer = VLMGRPOTrainer(
@@ -43,11 +48,12 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         args=grpo_args,
         train_dataset=train_dataset,
         processing_class=processing_class,
-        peft_config=get_peft_config(model_args),
+        peft_config=peft_config,
         pixel_budget=budget,
         answer_format=template.answer_format if suzak_args.preflight_rows > 0 else None,
         preflight_rows=suzak_args.preflight_rows,
         sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
+        opening_in_completion=suzak_args.opening_in_completion,
         **trainer_kwargs,
     )
     session.add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class,

@@ -30,10 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_callback import ProgressCallback
 
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
+from suzak.prompts import template_opening
+from suzak.rewards import after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
@@ -81,6 +84,9 @@ class VLMGRPOTrainer(GRPOHooks):
         precheck_rows: rows the visual-token pre-check reads (``None``: all of them).
         sampler_guard: with vLLM, when and how far vLLM's log-probabilities of its samples may drift from the
             policy's before the run stops (:class:`suzak.trl_internals.SamplerGuard`; default: every 10 steps, 0.1).
+        opening_in_completion: the rewards (and the pre-flight) read each completion after the chat template's
+            opening of the assistant turn (Qwen3.5's ``<think>\\n``, :func:`suzak.prompts.template_opening`);
+            without it, a template that opens the answer format's first tag stops the run before step 1.
 
     ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
     (:func:`suzak.trl_internals.completion_rows`); set the same list on every rank.
@@ -94,6 +100,7 @@ class VLMGRPOTrainer(GRPOHooks):
         preflight_rows: int = 8,
         precheck_rows: int | None = 256,
         sampler_guard: SamplerGuard | None = None,
+        opening_in_completion: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -107,6 +114,22 @@ class VLMGRPOTrainer(GRPOHooks):
         configure_processor(self.processing_class, self.pixel_budget)
         pad_left(self.processing_class)
         self.suppress_in_generation(vision_token_ids(self.processing_class))
+        self.opening_in_completion = opening_in_completion
+        self.completion_opening = self._read_after_opening() if opening_in_completion else ""
+
+    def _read_after_opening(self) -> str:
+        """The chat template's opening of the assistant turn (:func:`suzak.prompts.template_opening`); every reward
+        function then reads each completion after it (reward models score TRL's own prompt + completion text)."""
+        opening = template_opening(self.processing_class, self.chat_template_kwargs)
+        if not opening:
+            logger.warning("opening_in_completion: the chat template opens no tag at the end of the generation prompt "
+                           "(chat_template_kwargs %s): completions are scored as generated", self.chat_template_kwargs)  # fmt: skip
+            return ""
+        self.reward_funcs = [
+            f if isinstance(f, torch.nn.Module) else after_opening(f, opening) for f in self.reward_funcs
+        ]
+        logger.info("opening_in_completion: the rewards read every completion after the chat template's %r", opening)
+        return opening
 
     def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
         return [row_name(row) for row in inputs]
@@ -174,11 +197,11 @@ class VLMGRPOTrainer(GRPOHooks):
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:
-            check_answer_opening(self.processing_class, self.answer_format, self.chat_template_kwargs)
+            if not self.opening_in_completion:
+                check_answer_opening(self.processing_class, self.answer_format, self.chat_template_kwargs)
             weights = self.args.reward_weights
-            preflight(
-                dataset, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows, reward_weights=weights
-            )
+            preflight(dataset, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows,
+                      reward_weights=weights, opening=self.completion_opening)  # fmt: skip
         if has_images:
             model_config = getattr(self.model, "config", None)
             text_config = getattr(model_config, "text_config", model_config)

@@ -68,6 +68,7 @@ __all__ = [
     "colocated_vllm_on_cpu",
     "completion_rows",
     "forget_vision_features_on_sync",
+    "keep_adapters_fp32",
     "keep_vllm_cpu_weights_live",
     "reward_call_kwargs",
     "sampling_logps",
@@ -455,6 +456,28 @@ class NonFiniteStep(SuzakError):
     """A step's gradient norm was nan or inf (``on_nonfinite: stop``); raised before the optimizer step."""
 
 
+def keep_adapters_fp32(model) -> int:
+    """Cast a quantized model's trainable (adapter) parameters back to fp32; returns how many were cast.
+
+    TRL's trainers cast every trainable parameter of a 4/8-bit model to bf16 in ``__init__`` (QLoRA's paper; GRPO and
+    SFT alike, a contract test checks it). A bf16 lora_A entry
+    near its init scale (1/sqrt(in_features), ~0.017 for a 7B) moves in steps of ~6e-5, so Adam updates at GRPO's
+    learning rates (1e-6..1e-5) round away and lora_A never trains, silently; fp32 adapters cost a few MB and the
+    layer casts its input to the adapter's dtype (PEFT), so nothing else changes.
+    """
+    if not (getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)):
+        return 0
+    count = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
+            count += param.numel()
+    if count:
+        logger.info("QLoRA: %d adapter parameters train in fp32 (a bf16 adapter rounds small updates away)", count)
+    return count
+
+
+
 class TrainerHooks:
     """A transformers ``Trainer`` mixin (put it before the Trainer class) for every suzak trainer, GRPO and SFT:
 
@@ -468,7 +491,13 @@ class TrainerHooks:
       either raises :class:`NonFiniteStep` (``on_nonfinite = "stop"``: no weight has changed) or drops the step's
       gradients so the optimizer leaves every weight as it was (``"skip"``, counted in ``nonfinite/skipped_steps``).
       Under DeepSpeed the engine has already stepped when the norm is known: such a run stops and saves nothing.
+    - **fp32 adapters on a quantized base**: TRL's ``__init__`` casts a 4/8-bit model's trainable parameters to bf16;
+      :func:`keep_adapters_fp32` casts them back before the optimizer exists.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        keep_adapters_fp32(self.model)
 
     on_nonfinite = "stop"
     nonfinite_skipped = 0

@@ -25,6 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
+from suzak.prompts import template_opening
 from suzak.vision import (
     VISION_PLACEHOLDERS,
     PixelBudget,
@@ -70,12 +71,26 @@ class _BatchedEngine(abc.ABC):
         self.progress = progress
         self.min_new_tokens = 0  # > 0 forces every answer to at least this length (benchmarks: equal work per engine)
         self.suppress_ids = vision_token_ids(processing_class)
+        self.chat_template_kwargs: dict = {}
+        self.opening = ""  # the template's opening of the assistant turn, put in front of every completion
         configure_processor(processing_class, self.budget)
         pad_left(processing_class)
 
+    def use_template(self, chat_template_kwargs: dict | None = None, opening_in_completion: bool = False) -> None:
+        """Render prompts with training's ``chat_template_kwargs`` and, with ``opening_in_completion``, return each
+        completion after the template's opening of the assistant turn (Qwen3.5's ``<think>\\n``,
+        :func:`suzak.prompts.template_opening`), as training's rewards read it."""
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.opening = (
+            template_opening(self.processing_class, self.chat_template_kwargs) if opening_in_completion else ""
+        )
+        if opening_in_completion:
+            logger.info("completions are scored after the chat template's opening %r", self.opening)
+
     def prompt_text(self, row: dict) -> str:
         """The chat-templated prompt (one placeholder per image), ready for generation."""
-        return self.processing_class.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        return self.processing_class.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True,
+                                                         **self.chat_template_kwargs)  # fmt: skip
 
     def fitted_images(self, row: dict) -> list[Image.Image]:
         return [self.budget.fit(image) for image in images_of(row)]
@@ -87,7 +102,8 @@ class _BatchedEngine(abc.ABC):
 
     def generate(self, rows: Sequence[dict], temperature: float = 0.0, seed: int | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:  # fmt: skip
-        """One completion per row, in order; ``on_batch(row_indices, outputs)`` runs after each batch."""
+        """One completion per row, in order, after the template's opening when :meth:`use_template` asked for it;
+        ``on_batch(row_indices, outputs)`` runs after each batch."""
         outputs: list[str | None] = [None] * len(rows)
         prompts = [self.prompt_text(row) for row in rows]
         batches = length_batches(
@@ -96,7 +112,8 @@ class _BatchedEngine(abc.ABC):
         with tqdm(total=len(rows), desc="generate", unit="q", disable=not self.progress) as bar:
             for indices in batches:
                 batch = [rows[i] for i in indices]
-                texts = self._generate_batch(batch, [prompts[i] for i in indices], temperature, seed)
+                texts = [self.opening + text
+                         for text in self._generate_batch(batch, [prompts[i] for i in indices], temperature, seed)]  # fmt: skip
                 for i, text in zip(indices, texts, strict=True):
                     outputs[i] = text
                 if on_batch is not None:

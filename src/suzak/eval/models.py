@@ -4,6 +4,9 @@
   loader), in bfloat16 on a GPU and float32 on the CPU.
 - A LoRA adapter folder (``adapter_config.json``) loads its base model (``base_model_name_or_path``), applies the
   adapter and merges it, so generation runs at full speed.
+- ``quantization`` (``"4bit"``/``"8bit"``, with ``nf4``/``fp4``): the model loads through bitsandbytes as QLoRA training
+  loads it (:func:`suzak.models.loading.quantization_config`); an adapter then stays unmerged on the quantized base,
+  computing as in training (merging into 4-bit weights would round them again).
 - A DeepSpeed ``checkpoint-N`` folder with ``model.safetensors`` beside ``global_step*/`` loads like any folder;
   one with ZeRO shards only is an error that says how to consolidate it with ``zero_to_fp32.py``.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +26,7 @@ from suzak import SuzakError
 from suzak.models.loading import adapter_base, load_model_and_processor, resolve_model_path
 from suzak.vision import PixelBudget
 
-__all__ = ["eval_device", "eval_dtype", "load_eval_model", "merged_model_dir", "saved_budget"]
+__all__ = ["Quantization", "eval_device", "eval_dtype", "load_eval_model", "merged_model_dir", "saved_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +51,38 @@ def _check_not_zero_shards(path: Path) -> None:
         )
 
 
-def _load(path: str, dtype: str) -> tuple[Any, Any]:
-    model_args = SimpleNamespace(model_name_or_path=path, model_revision=None, dtype=dtype, attn_implementation=None)
+@dataclass(frozen=True)
+class Quantization:
+    """How an evaluation loads the model through bitsandbytes (TRL's ``ModelConfig`` fields of the same names)."""
+
+    load_in_4bit: bool = False
+    load_in_8bit: bool = False
+    bnb_4bit_quant_type: str = "nf4"
+    use_bnb_nested_quant: bool = False
+    bnb_4bit_quant_storage: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.load_in_4bit or self.load_in_8bit
+
+
+def _load(path: str, dtype: str, quantization: Quantization | None = None) -> tuple[Any, Any]:
+    model_args = SimpleNamespace(model_name_or_path=path, model_revision=None, dtype=dtype, attn_implementation=None,
+                                 **asdict(quantization or Quantization()))  # fmt: skip
     no_mixed_precision = SimpleNamespace(bf16=False, fp16=False)
     return load_model_and_processor(model_args, no_mixed_precision)
 
 
-def _load_adapter(path: Path, base: str, dtype: str) -> tuple[Any, Any]:
+def _load_adapter(path: Path, base: str, dtype: str, quantization: Quantization | None = None) -> tuple[Any, Any]:
     from peft import PeftModel
 
-    logger.info("LoRA adapter %s on base model %s: loading both and merging", path, base)
-    model, processing_class = _load(base, dtype)
-    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    quantized = quantization is not None and quantization.active
+    logger.info("LoRA adapter %s on base model %s: loading both and %s", path, base,
+                "keeping the adapter unmerged on the quantized base" if quantized else "merging")  # fmt: skip
+    model, processing_class = _load(base, dtype, quantization)
+    model = PeftModel.from_pretrained(model, str(path))
+    if not quantized:
+        model = model.merge_and_unload()
     if any((path / f).is_file() for f in _PROCESSOR_FILES):  # the trainer saves the processor with the adapter
         from transformers import AutoProcessor, AutoTokenizer
 
@@ -73,8 +97,10 @@ def eval_dtype(dtype: str | None = None, device: torch.device | None = None) -> 
     return dtype or ("bfloat16" if (device or eval_device()).type == "cuda" else "float32")
 
 
-def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.device | None = None):
-    """(model in eval mode on ``device``, processing class) for any checkpoint kind suzak writes."""
+def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.device | None = None,
+                    quantization: Quantization | None = None):  # fmt: skip
+    """(model in eval mode on ``device``, processing class) for any checkpoint kind suzak writes; ``quantization``
+    loads it through bitsandbytes (already on its device)."""
     device = device or eval_device()
     dtype = eval_dtype(dtype, device)
     path = resolve_model_path(model_path)
@@ -82,8 +108,13 @@ def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.
     if local.is_dir():
         _check_not_zero_shards(local)
     base = adapter_base(local) if local.is_dir() else None
-    model, processing_class = _load_adapter(local, base, dtype) if base else _load(path, dtype)
-    return model.to(device).eval(), processing_class
+    if base:
+        model, processing_class = _load_adapter(local, base, dtype, quantization)
+    else:
+        model, processing_class = _load(path, dtype, quantization)
+    if quantization is None or not quantization.active:  # bitsandbytes placed (and packed) the weights itself
+        model = model.to(device)
+    return model.eval(), processing_class
 
 
 def merged_model_dir(model_path: str) -> str:

@@ -24,7 +24,7 @@ from PIL import Image
 
 from suzak import SuzakError
 from suzak.eval.engine import HFEngine, VLLMEngine
-from suzak.eval.models import eval_device, eval_dtype, load_eval_model, merged_model_dir, saved_budget
+from suzak.eval.models import Quantization, eval_device, eval_dtype, load_eval_model, merged_model_dir, saved_budget
 from suzak.eval.report import RunResult, accuracy, markdown_summary, mean_std, rule_flag, write_results
 from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
@@ -108,7 +108,29 @@ class EvalConfig:
         + "; ".join(f"{rule}: {text}" for rule, text in SCORING_RULES.items()) + "; gsm8k has strict only)",
         "choices": list(SCORING_RULES)})  # fmt: skip
 
+    load_in_4bit: bool = field(default=False, metadata={
+        "help": "hf engine: load the model (or an adapter's base) in 4 bits through bitsandbytes, as a QLoRA run "
+                "trains it; an adapter then stays unmerged"})  # fmt: skip
+    load_in_8bit: bool = field(default=False, metadata={"help": "hf engine: the same in 8 bits"})
+    bnb_4bit_quant_type: str = field(default="nf4", metadata={"help": "with load_in_4bit: nf4 or fp4",
+                                                              "choices": ["nf4", "fp4"]})  # fmt: skip
+    use_bnb_nested_quant: bool = field(default=False, metadata={"help": "with load_in_4bit: double quantization"})
+    opening_in_completion: bool = field(default=False, metadata={
+        "help": "score each output after the chat template's opening of the assistant turn (Qwen3.5's <think>, its "
+                "thinking mode), as a training run with opening_in_completion: true rewards it"})  # fmt: skip
+    chat_template_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "keyword arguments of the chat template, as training's (JSON), e.g. '{\"enable_thinking\": false}'"})  # fmt: skip
+
     def __post_init__(self):
+        if isinstance(self.chat_template_kwargs, str):
+            try:
+                self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
+            except json.JSONDecodeError as error:
+                raise SuzakError(
+                    f"--chat_template_kwargs is not JSON ({error}): {self.chat_template_kwargs!r}"
+                ) from None
+            if not isinstance(self.chat_template_kwargs, dict):
+                raise SuzakError(f"--chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
         if self.task is None:
             raise SuzakError(f"no task: give one of {', '.join(TASKS)} (python -m suzak.eval TASK --model_path M)")
         if self.engine not in ("hf", "vllm"):
@@ -117,6 +139,12 @@ class EvalConfig:
             raise SuzakError(f"unknown --scoring {self.scoring!r}: use {' or '.join(SCORING_RULES)}")
         if self.seeds and self.temperature <= 0:
             raise SuzakError("seeded passes sample: --temperature must be > 0 with --seeds")
+        if (self.load_in_4bit or self.load_in_8bit) and self.engine == "vllm":
+            raise SuzakError("--load_in_4bit/--load_in_8bit load the model through bitsandbytes for the hf engine; "
+                             "vLLM loads the bf16 weights (evaluate a QLoRA adapter with --engine vllm unquantized: it "
+                             "is merged into its bf16 base)")  # fmt: skip
+        if self.load_in_4bit and self.load_in_8bit:
+            raise SuzakError("--load_in_4bit and --load_in_8bit are both set: pick one bit width")
         if self.limit is not None and self.limit < 1:
             raise SuzakError(f"--limit must be >= 1, got {self.limit}")
 
@@ -295,9 +323,14 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
     max_new_tokens = config.max_new_tokens or task.max_new_tokens
     progress = config.progress and state.is_main_process
     if config.engine == "hf":
-        model, processing_class = load_eval_model(config.model_path, dtype=config.dtype, device=eval_device())
+        quantization = Quantization(config.load_in_4bit, config.load_in_8bit, config.bnb_4bit_quant_type,
+                                    config.use_bnb_nested_quant)  # fmt: skip
+        model, processing_class = load_eval_model(config.model_path, dtype=config.dtype, device=eval_device(),
+                                                  quantization=quantization)  # fmt: skip
         _warn_budget(config.model_path, saved_budget(processing_class), budget)
-        return HFEngine(model, processing_class, budget, batch_size, max_new_tokens, progress=progress)
+        engine = HFEngine(model, processing_class, budget, batch_size, max_new_tokens, progress=progress)
+        engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
+        return engine
     if state.num_processes > 1:
         raise SuzakError("--engine vllm runs as one process: use --tensor_parallel_size instead of torchrun")
     from transformers import AutoProcessor, GenerationConfig
@@ -309,10 +342,12 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
         repetition_penalty = GenerationConfig.from_pretrained(path).repetition_penalty or 1.0
     except OSError:  # no generation_config.json
         repetition_penalty = 1.0
-    return VLLMEngine(path, processing_class, budget, batch_size, max_new_tokens,
-                      max_images_per_prompt=max((len(i.images) for i in items), default=0),
-                      repetition_penalty=repetition_penalty, vllm_module=vllm_module, progress=progress,
-                      tensor_parallel_size=config.tensor_parallel_size, dtype=eval_dtype(config.dtype))  # fmt: skip
+    engine = VLLMEngine(path, processing_class, budget, batch_size, max_new_tokens,
+                        max_images_per_prompt=max((len(i.images) for i in items), default=0),
+                        repetition_penalty=repetition_penalty, vllm_module=vllm_module, progress=progress,
+                        tensor_parallel_size=config.tensor_parallel_size, dtype=eval_dtype(config.dtype))  # fmt: skip
+    engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
+    return engine
 
 
 # --- passes --------------------------------------------------------------------------------------------------------
@@ -391,8 +426,14 @@ def seed_output_path(output_path: Path, seed: int) -> Path:
 
 
 def _settings(config: EvalConfig, task: Task, budget: PixelBudget) -> dict:
-    """What makes two runs' outputs interchangeable (the resume check compares these)."""
-    return {
+    """What makes two runs' outputs interchangeable (the resume check compares these); the chat template's settings
+    only when given, so the partial outputs of a run without them still resume."""
+    template = {"chat_template_kwargs": config.chat_template_kwargs} if config.chat_template_kwargs else {}
+    if config.load_in_4bit or config.load_in_8bit:
+        template["quantization"] = f"{config.bnb_4bit_quant_type} 4-bit" if config.load_in_4bit else "8-bit"
+    if config.opening_in_completion:
+        template["opening_in_completion"] = True
+    return template | {
         "task": task.name,
         "model": config.model_path,
         "engine": config.engine,

@@ -12,6 +12,10 @@ classes, text models too.
   sdpa, and logs which.
 - dtype: bf16 weights when the run trains in bf16 under DeepSpeed or LoRA (fp32 master weights exist there);
   fp32 weights + bf16 autocast for plain full fine-tuning (pure-bf16 AdamW loses lr-1e-6 updates); float32 on CPU.
+- QLoRA: TRL's ``ModelConfig`` fields ``load_in_4bit`` (``bnb_4bit_quant_type``, ``use_bnb_nested_quant``,
+  ``bnb_4bit_quant_storage``) or ``load_in_8bit`` load the language model's linear layers through bitsandbytes, computing
+  in the run's dtype (:func:`quantization_config`); the vision tower and ``lm_head`` stay in that dtype unless
+  ``quantize_vision_tower`` (docs/qlora.md says why). The adapters train in fp32 (:class:`suzak.trl_internals.TrainerHooks`).
 - ``trust_remote_code`` stays off: every supported family is a native transformers model.
 - A ``model_name_or_path`` that is a local folder (it exists, or it is written as a path: ``/``, ``./``, ``../``,
   ``~`` or more than one ``/``) is checked as one: missing, empty, without ``config.json`` or without weights is one
@@ -37,6 +41,8 @@ __all__ = [
     "local_model_problem",
     "model_budget",
     "pick_attn_implementation",
+    "quantization_config",
+    "quantized",
     "resolve_model_path",
     "tiny_family",
 ]
@@ -136,7 +142,7 @@ def _dtype(model_args, training_args) -> torch.dtype:
     if half is None:
         name = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
         return getattr(torch, name)
-    if getattr(training_args, "deepspeed", None) or getattr(model_args, "use_peft", False):
+    if getattr(training_args, "deepspeed", None) or getattr(model_args, "use_peft", False) or quantized(model_args):
         return half
     logger.warning(
         "full fine-tuning without DeepSpeed: fp32 master weights with %s autocast (pure %s AdamW would round "
@@ -221,9 +227,54 @@ def model_budget(model_args, min_pixels: int, max_pixels: int, *, for_vllm: bool
     return PixelBudget(min_pixels, max_pixels).for_model(config)
 
 
-def load_model_and_processor(model_args, training_args):
+def quantized(model_args) -> str | None:
+    """``"4-bit"``/``"8-bit"`` when the recipe loads the model through bitsandbytes, else None."""
+    if getattr(model_args, "load_in_4bit", False):
+        return "4-bit"
+    return "8-bit" if getattr(model_args, "load_in_8bit", False) else None
+
+
+# Modules kept out of bitsandbytes: transformers matches each pattern at the start of a module's full name (or as its
+# end), so the vision tower of every supported family (``model.visual``, ``visual``) and the output head.
+_VISION_MODULES = r"(?:.*\.)?visual"
+_ALWAYS_UNQUANTIZED = ["lm_head"]
+
+
+def quantization_config(model_args, compute_dtype: torch.dtype, *, quantize_vision_tower: bool = False):
+    """transformers' ``BitsAndBytesConfig`` for TRL's ``ModelConfig`` fields (``load_in_4bit``, ``bnb_4bit_quant_type``,
+    ``use_bnb_nested_quant``, ``bnb_4bit_quant_storage``, ``load_in_8bit``: TRL's ``get_quantization_config``), or None.
+
+    It computes in ``compute_dtype`` (the run's: bf16 on a GPU, fp32 on the CPU; TRL's would take the ``dtype`` field,
+    ``auto`` included) and keeps ``lm_head`` and, unless ``quantize_vision_tower``, the vision tower unquantized.
+    """
+    if quantized(model_args) is None:
+        return None
+    from trl import get_quantization_config
+
+    config = get_quantization_config(model_args)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise SuzakError(f"{'load_in_4bit' if model_args.load_in_4bit else 'load_in_8bit'} needs bitsandbytes: "
+                         "pip install bitsandbytes==0.50.2 (bash setup.sh installs it)") from None  # fmt: skip
+    config.bnb_4bit_compute_dtype = compute_dtype
+    config.llm_int8_skip_modules = _ALWAYS_UNQUANTIZED + ([] if quantize_vision_tower else [_VISION_MODULES])
+    return config
+
+
+def _device_map(training_args) -> dict[str, int | str]:
+    """Where a quantized model's weights go (bitsandbytes quantizes them as they load there): this process's GPU, or
+    the CPU (bitsandbytes' CPU backend) without one or with ``use_cpu``."""
+    if not torch.cuda.is_available() or getattr(training_args, "use_cpu", False):
+        return {"": "cpu"}
+    from accelerate import PartialState
+
+    return {"": PartialState().local_process_index}
+
+
+def load_model_and_processor(model_args, training_args, *, quantize_vision_tower: bool = False):
     """(model, processing_class) for the recipe's ``model_name_or_path``; VLMs get their processor, whose patch grid
-    must be the model's."""
+    must be the model's. ``load_in_4bit``/``load_in_8bit`` load it through bitsandbytes (:func:`quantization_config`)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     from suzak.hub import offline_unless_reachable
@@ -236,6 +287,9 @@ def load_model_and_processor(model_args, training_args):
         "attn_implementation": pick_attn_implementation(model_args.attn_implementation),
         "trust_remote_code": False,
     }
+    quantization = quantization_config(model_args, kwargs["dtype"], quantize_vision_tower=quantize_vision_tower)
+    if quantization is not None:
+        kwargs |= {"quantization_config": quantization, "device_map": _device_map(training_args)}
     with offline_unless_reachable():
         if is_vlm:
             model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
@@ -247,7 +301,9 @@ def load_model_and_processor(model_args, training_args):
         raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual tokens "
                          f"but the model's vision tower {patch_factor(config)}-pixel ones (patch size x merge size): "
                          "the folder's processor config belongs to another model")  # fmt: skip
-    logger.info("loaded %s (%s, %s)", path, type(model).__name__, kwargs["dtype"])
+    logger.info("loaded %s (%s, %s%s)", path, type(model).__name__, kwargs["dtype"],
+                f", {quantized(model_args)} {model_args.bnb_4bit_quant_type if model_args.load_in_4bit else ''} "
+                f"through bitsandbytes{', vision tower too' if quantize_vision_tower else ''}" if quantization else "")  # fmt: skip
     return model, processing_class
 
 

@@ -7,13 +7,16 @@ qwen2_vl      ``Qwen2VLForConditionalGeneration``     Qwen2VLProcessor     14 ×
 qwen2_5_vl    ``Qwen2_5_VLForConditionalGeneration``  Qwen2_5_VLProcessor  14 × 2 = 28    Qwen2.5-VL-Instruct's
 qwen3_vl      ``Qwen3VLForConditionalGeneration``     Qwen3VLProcessor     16 × 2 = 32    Qwen3-VL-Instruct's
 qwen3_5       ``Qwen3_5ForConditionalGeneration``     Qwen3VLProcessor     16 × 2 = 32    Qwen3.5's (thinking)
+qwen3_5_moe   ``Qwen3_5MoeForConditionalGeneration``  Qwen3VLProcessor     16 × 2 = 32    Qwen3.5's (thinking)
 ============  ======================================  ===================  =============  =======================
 
 No weights or tokenizers can be downloaded here, so this writes a complete model folder from scratch:
 
 - the family's real conditional-generation model from a small config (random init, seeded): Qwen3-VL with its
   DeepStack layer and interleaved M-RoPE, Qwen3.5 with one linear-attention (Gated DeltaNet) and one full-attention
-  layer;
+  layer, Qwen3.5 MoE the same with a sparse MoE block in each layer (4 experts, top 2, and a shared expert) whose
+  experts are fused 3-D parameters (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``: LoRA reaches them
+  through ``lora_target_parameters``, :mod:`suzak.models.lora_targets`);
 - a byte-level BPE tokenizer trained on the fly with the family's tokenizer class and pre-tokenizer (``Qwen2Tokenizer``,
   or ``Qwen3_5Tokenizer``), the family's added tokens in their real order at the end of the vocabulary and its chat
   template (``chat_templates/``), so digits, ``<think>``/``<answer>`` and the CLEVR and GSM8K words are reachable in
@@ -107,7 +110,12 @@ FAMILIES: dict[str, _Family] = {
                         "qwen3_vl", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED),
     "qwen3_5": _Family("Qwen3_5ForConditionalGeneration", "Qwen3_5Config", "Qwen3VLProcessor", "qwen3_vl", "qwen3_5",
                        "qwen3_5", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED, rotary_fraction=0.25, mrope_split=(11, 11, 10)),
+    "qwen3_5_moe": _Family("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeConfig", "Qwen3VLProcessor", "qwen3_vl",
+                           "qwen3_5", "qwen3_5", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED, rotary_fraction=0.25,
+                           mrope_split=(11, 11, 10)),
 }  # fmt: skip
+QWEN3_5 = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet + full attention, a quarter of head_dim rotated
+MOE = ("qwen3_5_moe",)  # a sparse MoE block (routed experts + a shared expert) in place of each layer's MLP
 DEFAULT_FAMILY = "qwen2_5_vl"
 
 
@@ -151,10 +159,13 @@ class TinyConfig:
     (:func:`mrope_sections`). :meth:`shaped` with ``for_vllm`` gives the shape vLLM's CPU build runs (head_dim 32).
     """
 
-    family: str = DEFAULT_FAMILY  # FAMILIES: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5
+    family: str = DEFAULT_FAMILY  # FAMILIES: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_5_moe
     vocab_size: int = 1536  # BPE vocabulary before special tokens
     hidden_size: int = 64
-    intermediate_size: int = 128
+    intermediate_size: int = 128  # the dense MLP's (the MoE family: the shared expert's)
+    num_experts: int = 4  # the MoE family only: routed experts per layer, top num_experts_per_tok of them per token
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 32  # each routed expert's
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
@@ -188,7 +199,8 @@ class TinyConfig:
     @classmethod
     def shaped(cls, family: str = DEFAULT_FAMILY, *, for_vllm: bool = False, **sizes) -> TinyConfig:
         """The tiny model of ``family``; ``for_vllm``: the shape vLLM's CPU build runs, the default tiny's sizes with
-        2 attention heads of 32 (one KV head), since its CPU attention refuses head_dim 16. ``sizes`` override."""
+        2 attention heads of 32 (one KV head), since its CPU attention refuses head_dim 16. ``sizes`` override (the
+        expert sizes apply to the MoE family only)."""
         vllm_shape = {"num_attention_heads": VLLM_HEADS, "num_key_value_heads": 1} if for_vllm else {}
         return cls(family=family, **vllm_shape | sizes)
 
@@ -341,10 +353,15 @@ def _text_config(ids: dict[str, int], vocab_size: int, config: TinyConfig, spec:
         "pad_token_id": ids["<|endoftext|>"],
         "tie_word_embeddings": True,
     }
-    if config.family in ("qwen3_vl", "qwen3_5"):
+    if config.family in ("qwen3_vl", *QWEN3_5):
         text["head_dim"] = head_dim
         rope["mrope_interleaved"] = True
-    if config.family == "qwen3_5":  # Gated DeltaNet layers, then full attention, as in Qwen3.5's 3:1 pattern
+    if config.family in MOE:  # every layer's MLP is a sparse MoE block (Qwen3.5 MoE has no dense layers)
+        del text["intermediate_size"]
+        text |= {"num_experts": config.num_experts, "num_experts_per_tok": config.num_experts_per_tok,
+                 "moe_intermediate_size": config.moe_intermediate_size,
+                 "shared_expert_intermediate_size": config.intermediate_size}  # fmt: skip
+    if config.family in QWEN3_5:  # Gated DeltaNet layers, then full attention, as in Qwen3.5's 3:1 pattern
         rope["partial_rotary_factor"] = spec.rotary_fraction
         linear = max(1, config.num_hidden_layers - 1)
         text |= {"layer_types": ["linear_attention"] * linear + ["full_attention"] * (config.num_hidden_layers - linear),

@@ -36,7 +36,7 @@ _TAGS = ["suzak", "trl", "grpo", "reinforcement-learning", "vision-language"]
 # Settings shown in the card's training table, in this order (from run_info.json, else recipe.yaml).
 _SHOWN = ("learning_rate", "beta", "loss_type", "num_generations", "per_device_train_batch_size",
           "gradient_accumulation_steps", "max_completion_length", "temperature", "max_steps", "num_train_epochs",
-          "use_peft", "lora_r", "deepspeed", "use_vllm", "bf16", "seed")  # fmt: skip
+          "use_peft", "lora_r", "load_in_4bit", "bnb_4bit_quant_type", "deepspeed", "use_vllm", "bf16", "seed")  # fmt: skip
 
 
 def hub_model_id(name: str | None) -> str | None:
@@ -238,7 +238,8 @@ def _training_section(facts: TrainingFacts) -> list[str]:
             ("prompt template", f"`{facts.setting('prompt_template')}`"), ("pixel budget", budget),
             ("optimizer steps", final_step), ("training time", f"{seconds / 3600:.2f} h ({seconds:.0f} s)"),
             ("hardware", _hardware(facts.run_info))]  # fmt: skip
-    shown = [n for n in _SHOWN if facts.setting(n) is not None and (n != "lora_r" or facts.setting("use_peft"))]
+    shown = [n for n in _SHOWN if facts.setting(n) is not None and (n != "lora_r" or facts.setting("use_peft"))
+             and (n != "bnb_4bit_quant_type" or facts.setting("load_in_4bit"))]  # fmt: skip
     rows += [(name, f"`{facts.setting(name)}`") for name in shown]
     versions = facts.run_info.get("versions") or {}
     if versions:
@@ -254,9 +255,15 @@ def _training_section(facts: TrainingFacts) -> list[str]:
 
 def _usage(repo_id: str, facts: TrainingFacts) -> list[str]:
     if facts.adapter:
-        return ["## Usage", "", f"A LoRA adapter for `{facts.setting('model_name_or_path')}`: load the base model and "
-                f'`PeftModel.from_pretrained(model, "{repo_id}")`, or merge it locally with '
-                "`python -m suzak.export lora ADAPTER_DIR`."]  # fmt: skip
+        usage = ["## Usage", "", f"A LoRA adapter for `{facts.setting('model_name_or_path')}`: load the base model and "
+                 f'`PeftModel.from_pretrained(model, "{repo_id}")`, or merge it locally with '
+                 "`python -m suzak.export lora ADAPTER_DIR`."]  # fmt: skip
+        if facts.setting("load_in_4bit"):
+            usage += ["", f"Trained as QLoRA: the base was loaded in 4 bits "
+                      f"(bitsandbytes {facts.setting('bnb_4bit_quant_type') or 'nf4'}) under the adapter. The adapter "
+                      "applies to the unquantized base as it is (the merged export merges it there); loading the base "
+                      "with `load_in_4bit` reproduces training's numerics exactly."]  # fmt: skip
+        return usage
     hi = facts.setting("max_pixels") or DEFAULT_MAX_PIXELS
     return ["## Usage", "", "```python", "from transformers import AutoModelForImageTextToText, AutoProcessor", "",
             f'model = AutoModelForImageTextToText.from_pretrained("{repo_id}")',

@@ -138,7 +138,8 @@ def state_settings(parsed: tuple) -> dict[str, Any]:
              "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "generation_batch_size",
              "steps_per_generation", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
              "warmup_ratio", "max_steps", "num_train_epochs", "use_peft", "lora_r", "lora_alpha",
-             "lora_target_modules", "seed"]  # fmt: skip
+             "lora_target_modules", "lora_target_parameters", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+             "opening_in_completion", "seed"]  # fmt: skip
     found: dict[str, Any] = {}
     for args in parsed:
         if is_dataclass(args):

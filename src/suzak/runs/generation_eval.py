@@ -47,6 +47,8 @@ class GenerationEvalCallback(TrainerCallback):
         batch_size: int = 16,
         max_new_tokens: int = 256,
         name: str = "eval/accuracy",
+        chat_template_kwargs: dict | None = None,
+        opening_in_completion: bool = False,
     ):
         if eval_steps <= 0:
             raise ValueError(f"eval_steps must be positive, got {eval_steps}")
@@ -58,6 +60,8 @@ class GenerationEvalCallback(TrainerCallback):
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.name = name
+        self.chat_template_kwargs = chat_template_kwargs
+        self.opening_in_completion = opening_in_completion  # outputs are scored after the template's opening
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
         # The trainer's ``log`` (set by :func:`suzak.session.add_first`): with it, a fresh run is also evaluated
@@ -74,6 +78,7 @@ class GenerationEvalCallback(TrainerCallback):
         engine = HFEngine(
             model, self.processing_class, self.budget, self.batch_size, self.max_new_tokens, progress=False
         )
+        engine.use_template(self.chat_template_kwargs, self.opening_in_completion)  # as the training rewards read
         was_training = model.training
         model.eval()
         try:

@@ -46,8 +46,20 @@ RUN_INFO_FILE = "run_info.json"
 SETTINGS = ("model_name_or_path", "dataset_name", "dataset_options", "prompt_template", "min_pixels", "max_pixels",
             "rewards", "reward_weights", "reward_kwargs", "learning_rate", "beta", "loss_type", "num_generations",
             "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length", "temperature",
-            "max_steps", "num_train_epochs", "use_peft", "lora_r", "deepspeed", "use_vllm", "bf16", "seed")  # fmt: skip
-_PACKAGES = ("suzak", "torch", "transformers", "trl", "accelerate", "datasets", "peft", "deepspeed", "vllm")
+            "max_steps", "num_train_epochs", "use_peft", "lora_r", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+            "opening_in_completion", "deepspeed", "use_vllm", "bf16", "seed")  # fmt: skip
+_PACKAGES = (
+    "suzak",
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "datasets",
+    "peft",
+    "bitsandbytes",
+    "deepspeed",
+    "vllm",
+)
 
 
 def _now() -> str:
