@@ -18,8 +18,7 @@ import pytest
 
 from suzak import SuzakError
 from suzak.prompts import after_opening, render_answer, template_opening
-from suzak.rewards import REWARDS
-from suzak.rewards import after_opening as reading_after
+from suzak.rewards import REWARDS, read_after_opening
 from suzak.vision import PixelBudget
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +41,7 @@ def test_template_opening_is_qwen3_5s_think_and_nothing_elsewhere(processors):
 
 def test_rewards_read_the_completion_after_the_opening():
     think_format, clevr_count = REWARDS["think_format"], REWARDS["clevr_count"]
-    opened = [reading_after(f, "<think>\n") for f in (think_format, clevr_count)]
+    opened = [read_after_opening(f, "<think>\n") for f in (think_format, clevr_count)]
     conversational = [[{"role": "assistant", "content": WELL_FORMED_TAIL}]]
     assert think_format(completions=[WELL_FORMED_TAIL]) == [0.0]  # as generated, the format reward is 0
     for form in ([WELL_FORMED_TAIL], conversational):
@@ -55,7 +54,10 @@ def test_preflight_passes_with_the_opening_and_fails_without_it():
     from suzak.checks import preflight
 
     rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
-    rewards = [reading_after(REWARDS["think_format"], "<think>\n"), reading_after(REWARDS["clevr_count"], "<think>\n")]
+    rewards = [
+        read_after_opening(REWARDS["think_format"], "<think>\n"),
+        read_after_opening(REWARDS["clevr_count"], "<think>\n"),
+    ]
     preflight(rows, rewards, "think_answer", opening="<think>\n")
     assert after_opening(render_answer("think_answer", "3"), "<think>\n").startswith(" Let me think")
     with pytest.raises(SuzakError, match="think_format"):  # the ideal completion gets <think> twice: not the format
@@ -115,7 +117,7 @@ def test_evaluation_scores_the_turn_as_training_rewards_it(family_model_dir, mon
     output = engine.generate(rows)[0]
     assert output == "<think>\n" + WELL_FORMED_TAIL and is_think_format(output)
     assert score_rules(get_task("superclevr"), output, 3)["strict"] == (3, True)
-    opened = reading_after(REWARDS["clevr_count"], "<think>\n")
+    opened = read_after_opening(REWARDS["clevr_count"], "<think>\n")
     assert opened(completions=[WELL_FORMED_TAIL], solution=["<answer> 3 </answer>"]) == [1.0]
 
     engine.use_template({"enable_thinking": False})

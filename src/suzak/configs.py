@@ -389,16 +389,17 @@ def _parse(config_class, argv: list[str] | None):
 
 
 def _check_quantization(suzak_args, config, model_args) -> None:
-    """QLoRA settings that cannot work, before anything loads: both bit widths, a quantized model without adapters
-    to train, colocated or served vLLM (TRL sends vLLM the merged weights, which for a bitsandbytes base are packed
-    4-bit tensors its bf16 model cannot take). (TRL's parser already refuses a 4-bit type other than nf4 or fp4.)"""
-    flag = "load_in_4bit" if model_args.load_in_4bit else "load_in_8bit" if model_args.load_in_8bit else None
+    """QLoRA settings that cannot work, before anything loads: a quantized model without adapters to train,
+    colocated or served vLLM (TRL sends vLLM the merged weights, which for a bitsandbytes base are packed 4-bit
+    tensors its bf16 model cannot take), ``quantize_vision_tower`` alone. (TRL's ``ModelConfig`` already refuses both
+    bit widths at once and a 4-bit type other than nf4 or fp4.)"""
+    from suzak.models.loading import quantized
+
+    flag = quantized(model_args)
     if flag is None:
         if suzak_args.quantize_vision_tower:
             raise SuzakError("quantize_vision_tower needs load_in_4bit or load_in_8bit: nothing else is quantized")
         return
-    if model_args.load_in_4bit and model_args.load_in_8bit:
-        raise SuzakError("load_in_4bit and load_in_8bit are both set: pick one bit width")
     if not model_args.use_peft:
         raise SuzakError(f"{flag} freezes the model in bitsandbytes' {flag[8:]} format: it trains LoRA adapters on "
                          "top (QLoRA), so set use_peft: true (and lora_target_modules)")  # fmt: skip

@@ -39,7 +39,7 @@ from suzak.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
-    "after_opening",
+    "read_after_opening",
     "word_match",
     "clevr_count",
     "gsm8k_accuracy",
@@ -322,14 +322,14 @@ def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
             )
 
 
-def after_opening(reward: Callable, opening: str) -> Callable:
+def read_after_opening(reward: Callable, opening: str) -> Callable:
     """``reward`` reading every completion with ``opening`` in front (:func:`suzak.parsing.with_opening`): the chat
     template's opening of the assistant turn (Qwen3.5's ``<think>\\n``), which the policy never generates itself.
 
     Keeps what TRL and suzak read off a reward: its ``__name__`` (metric names), its gold parser, async or not.
 
     >>> written = [" 3 cubes </think> <answer>3</answer>"]  # what the policy generated after "<think>\\n"
-    >>> reward = after_opening(think_format, "<think>\\n")
+    >>> reward = read_after_opening(think_format, "<think>\\n")
     >>> reward.__name__, reward(written), think_format(written)
     ('think_format', [1.0], [0.0])
     """

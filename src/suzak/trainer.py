@@ -36,7 +36,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.prompts import template_opening
-from suzak.rewards import after_opening
+from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
@@ -126,7 +126,7 @@ class VLMGRPOTrainer(GRPOHooks):
                            "(chat_template_kwargs %s): completions are scored as generated", self.chat_template_kwargs)  # fmt: skip
             return ""
         self.reward_funcs = [
-            f if isinstance(f, torch.nn.Module) else after_opening(f, opening) for f in self.reward_funcs
+            f if isinstance(f, torch.nn.Module) else read_after_opening(f, opening) for f in self.reward_funcs
         ]
         logger.info("opening_in_completion: the rewards read every completion after the chat template's %r", opening)
         return opening

@@ -477,7 +477,6 @@ def keep_adapters_fp32(model) -> int:
     return count
 
 
-
 class TrainerHooks:
     """A transformers ``Trainer`` mixin (put it before the Trainer class) for every suzak trainer, GRPO and SFT:
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from suzak import SuzakError
-from suzak.models.loading import adapter_base, load_model_and_processor, resolve_model_path
+from suzak.models.loading import adapter_base, load_model_and_processor, quantized, resolve_model_path
 from suzak.vision import PixelBudget
 
 __all__ = ["Quantization", "eval_device", "eval_dtype", "load_eval_model", "merged_model_dir", "saved_budget"]
@@ -61,10 +61,6 @@ class Quantization:
     use_bnb_nested_quant: bool = False
     bnb_4bit_quant_storage: str | None = None
 
-    @property
-    def active(self) -> bool:
-        return self.load_in_4bit or self.load_in_8bit
-
 
 def _load(path: str, dtype: str, quantization: Quantization | None = None) -> tuple[Any, Any]:
     model_args = SimpleNamespace(model_name_or_path=path, model_revision=None, dtype=dtype, attn_implementation=None,
@@ -76,12 +72,12 @@ def _load(path: str, dtype: str, quantization: Quantization | None = None) -> tu
 def _load_adapter(path: Path, base: str, dtype: str, quantization: Quantization | None = None) -> tuple[Any, Any]:
     from peft import PeftModel
 
-    quantized = quantization is not None and quantization.active
+    unmerged = quantized(quantization) is not None
     logger.info("LoRA adapter %s on base model %s: loading both and %s", path, base,
-                "keeping the adapter unmerged on the quantized base" if quantized else "merging")  # fmt: skip
+                "keeping the adapter unmerged on the quantized base" if unmerged else "merging")  # fmt: skip
     model, processing_class = _load(base, dtype, quantization)
     model = PeftModel.from_pretrained(model, str(path))
-    if not quantized:
+    if not unmerged:
         model = model.merge_and_unload()
     if any((path / f).is_file() for f in _PROCESSOR_FILES):  # the trainer saves the processor with the adapter
         from transformers import AutoProcessor, AutoTokenizer
@@ -112,7 +108,7 @@ def load_eval_model(model_path: str, *, dtype: str | None = None, device: torch.
         model, processing_class = _load_adapter(local, base, dtype, quantization)
     else:
         model, processing_class = _load(path, dtype, quantization)
-    if quantization is None or not quantization.active:  # bitsandbytes placed (and packed) the weights itself
+    if quantized(quantization) is None:  # else bitsandbytes placed (and packed) the weights itself
         model = model.to(device)
     return model.eval(), processing_class
 

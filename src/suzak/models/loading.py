@@ -228,10 +228,16 @@ def model_budget(model_args, min_pixels: int, max_pixels: int, *, for_vllm: bool
 
 
 def quantized(model_args) -> str | None:
-    """``"4-bit"``/``"8-bit"`` when the recipe loads the model through bitsandbytes, else None."""
+    """The flag (``load_in_4bit`` or ``load_in_8bit``) that loads the model through bitsandbytes, else None; any
+    object with those fields (TRL's ``ModelConfig``, an evaluation's settings), None included.
+
+    >>> from types import SimpleNamespace
+    >>> quantized(SimpleNamespace(load_in_4bit=True)), quantized(SimpleNamespace(load_in_8bit=False)), quantized(None)
+    ('load_in_4bit', None, None)
+    """
     if getattr(model_args, "load_in_4bit", False):
-        return "4-bit"
-    return "8-bit" if getattr(model_args, "load_in_8bit", False) else None
+        return "load_in_4bit"
+    return "load_in_8bit" if getattr(model_args, "load_in_8bit", False) else None
 
 
 # Modules kept out of bitsandbytes: transformers matches each pattern at the start of a module's full name (or as its
@@ -247,7 +253,8 @@ def quantization_config(model_args, compute_dtype: torch.dtype, *, quantize_visi
     It computes in ``compute_dtype`` (the run's: bf16 on a GPU, fp32 on the CPU; TRL's would take the ``dtype`` field,
     ``auto`` included) and keeps ``lm_head`` and, unless ``quantize_vision_tower``, the vision tower unquantized.
     """
-    if quantized(model_args) is None:
+    flag = quantized(model_args)
+    if flag is None:
         return None
     from trl import get_quantization_config
 
@@ -255,8 +262,8 @@ def quantization_config(model_args, compute_dtype: torch.dtype, *, quantize_visi
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise SuzakError(f"{'load_in_4bit' if model_args.load_in_4bit else 'load_in_8bit'} needs bitsandbytes: "
-                         "pip install bitsandbytes==0.50.2 (bash setup.sh installs it)") from None  # fmt: skip
+        raise SuzakError(f"{flag} needs bitsandbytes: pip install bitsandbytes==0.50.2 (bash setup.sh installs "
+                         "it)") from None  # fmt: skip
     config.bnb_4bit_compute_dtype = compute_dtype
     config.llm_int8_skip_modules = _ALWAYS_UNQUANTIZED + ([] if quantize_vision_tower else [_VISION_MODULES])
     return config
@@ -301,9 +308,11 @@ def load_model_and_processor(model_args, training_args, *, quantize_vision_tower
         raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual tokens "
                          f"but the model's vision tower {patch_factor(config)}-pixel ones (patch size x merge size): "
                          "the folder's processor config belongs to another model")  # fmt: skip
-    logger.info("loaded %s (%s, %s%s)", path, type(model).__name__, kwargs["dtype"],
-                f", {quantized(model_args)} {model_args.bnb_4bit_quant_type if model_args.load_in_4bit else ''} "
-                f"through bitsandbytes{', vision tower too' if quantize_vision_tower else ''}" if quantization else "")  # fmt: skip
+    how = ""
+    if quantization is not None:
+        bits = "4-bit " + model_args.bnb_4bit_quant_type if model_args.load_in_4bit else "8-bit"
+        how = f", {bits} through bitsandbytes" + (", vision tower too" if quantize_vision_tower else "")
+    logger.info("loaded %s (%s, %s%s)", path, type(model).__name__, kwargs["dtype"], how)
     return model, processing_class
 
 
