@@ -25,7 +25,12 @@ def _params(function) -> list[str]:
         ("_generate_and_score_completions", ["self", "inputs"]),  # images fitted before TRL's processor calls
         ("_generate_single_turn", ["self", "prompt_ids", "images", "multimodal_fields", "num_generations"]),  # vLLM
         ("_log_completion_extra", ["self", "column", "values"]),  # completions.csv extra columns
-        ("_tokenize_prompts", ["self", "prompts"]),  # tests read the training prompt ids here
+        ("_tokenize_prompts", ["self", "prompts"]),  # video clips' metadata; tests read the prompt ids here
+        ("_compute_loss", ["self", "model", "inputs"]),  # the batch's video tensors, while TRL runs the model
+        (
+            "_get_per_token_logps_and_entropies",  # video rows: chunks with their video tensors (feeding_videos)
+            ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"],
+        ),
         ("_calculate_rewards", ["self"]),  # bench/bench_grpo_speed.py times scoring here
     ],
 )
@@ -257,3 +262,33 @@ def test_trl_casts_a_quantized_models_adapters_to_bf16(trainer):
     source = inspect.getsource(getattr(trl, trainer).__init__)
     assert 'getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)' in source
     assert "param.data = param.data.to(torch.bfloat16)" in source
+
+
+def test_tokenize_prompts_hands_chat_template_kwargs_to_the_processor():
+    """suzak passes each batch's video metadata as ``processor_kwargs`` through ``chat_template_kwargs``."""
+    source = inspect.getsource(GRPOTrainer._tokenize_prompts)
+    assert "self.processing_class.apply_chat_template(" in source
+    assert source.count("**self.chat_template_kwargs") >= 2  # with and without environments
+
+
+def test_per_token_logps_calls_the_model_with_keyword_inputs_per_chunk():
+    """feeding_videos adds the video tensors to the model call's keyword arguments; TRL chunks by ``batch_size``."""
+    source = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "model(**model_inputs, labels=labels, fused_lm_head=True)" in source
+    assert 'model_inputs = {"input_ids": input_ids_batch, "attention_mask": attention_mask_batch}' in source
+    assert "return logps, entropies, aux_loss" in source
+
+
+def test_a_list_in_the_scored_batch_is_shuffled_and_split_with_the_rows():
+    """The per-row video tensors travel in the scored batch as a list (``VIDEO_FIELDS``)."""
+    import torch
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    batch = {"prompt_ids": torch.arange(6)[:, None], "videos": [{"row": i} for i in range(6)]}
+    shuffled = shuffle_sequence_dict(batch)
+    assert [v["row"] for v in shuffled["videos"]] == shuffled["prompt_ids"][:, 0].tolist()
+    halves = split_tensor_dict(shuffled, 2)
+    assert [len(h["videos"]) for h in halves] == [3, 3]
+    assert [v["row"] for v in halves[1]["videos"]] == halves[1]["prompt_ids"][:, 0].tolist()
+    source = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "shuffle_sequence_dict(generation_batch)" in source and "split_tensor_dict(generation_batch" in source

@@ -5,7 +5,9 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
 
 - ``prepare_batch``: every image of a batch (``image``, ``images``, images inline in the messages) is fitted once to
   the budget, before TRL's two processor calls, vLLM and the reward kwargs see it, so all of them see the same
-  pixels and token counts (the copies of a prompt's image share one resize);
+  pixels and token counts (the copies of a prompt's image share one resize); a row's video (``video`` column, or a
+  video part of the prompt) is read once to the video budget (:func:`suzak.video.read_clip`) and placed in the
+  prompt as a clip, which generation and the training forward both take their frames from;
 - ``batch_scored``: the scored batch's rows go to the ``completion_listeners`` (``completions.csv``);
 - ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
   or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
@@ -34,13 +36,26 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_callback import ProgressCallback
 
+from suzak import SuzakError
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.prompts import template_opening
 from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
-from suzak.vision import PixelBudget, configure_processor, fit_row_images, pad_left, vision_token_ids
+from suzak.video import Clip, clip_key, read_clip
+from suzak.vision import (
+    VIDEO_COLUMN,
+    PixelBudget,
+    VideoBudget,
+    configure_processor,
+    fit_row_images,
+    images_of,
+    pad_left,
+    video_of,
+    vision_token_ids,
+    with_video,
+)
 
 __all__ = ["ROW_COLUMN", "VLMGRPOTrainer", "number_rows", "row_name"]
 
@@ -82,6 +97,8 @@ class VLMGRPOTrainer(GRPOHooks):
             reward pre-flight. ``None`` skips it.
         preflight_rows: rows the pre-flight checks.
         precheck_rows: rows the visual-token pre-check reads (``None``: all of them).
+        video_budget: fps, frame bounds and per-frame pixels of every video (:class:`suzak.vision.VideoBudget`);
+            its factor is the processor's.
         sampler_guard: with vLLM, when and how far vLLM's log-probabilities of its samples may drift from the
             policy's before the run stops (:class:`suzak.trl_internals.SamplerGuard`; default: every 10 steps, 0.1).
         opening_in_completion: the rewards (and the pre-flight) read each completion after the chat template's
@@ -96,6 +113,7 @@ class VLMGRPOTrainer(GRPOHooks):
         self,
         *args,
         pixel_budget: PixelBudget | None = None,
+        video_budget: VideoBudget | None = None,
         answer_format: str | None = None,
         preflight_rows: int = 8,
         precheck_rows: int | None = 256,
@@ -106,6 +124,7 @@ class VLMGRPOTrainer(GRPOHooks):
         super().__init__(*args, **kwargs)
         self.sampler_guard = sampler_guard or self.sampler_guard
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
+        self.video_budget = (video_budget or VideoBudget()).for_model(self.processing_class)
         self.answer_format = answer_format
         self.preflight_rows = preflight_rows
         self.precheck_rows = precheck_rows
@@ -136,8 +155,26 @@ class VLMGRPOTrainer(GRPOHooks):
 
     def prepare_batch(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         memo: dict = {}  # one resize per distinct image: each prompt is in the batch num_generations times
+        clips: dict = {}  # one read per distinct video, likewise
         rows = ({k: v for k, v in row.items() if k != ROW_COLUMN} for row in inputs)  # rewards get the dataset's own
-        return [fit_row_images(row, self.pixel_budget, memo) for row in rows]
+        fitted = [fit_row_images(row, self.pixel_budget, memo) for row in rows]
+        return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
+
+    def _with_clip(self, row: dict[str, Any], name: str, clips: dict) -> dict[str, Any]:
+        video = video_of(row)
+        if video is None:
+            return row
+        if images_of(row):
+            raise SuzakError(f"{name} holds images and a video: suzak trains on rows with one or the other")
+        if not isinstance(video, Clip):
+            key = clip_key(video, row.get("video_fps"))
+            if key not in clips:
+                try:
+                    clips[key] = read_clip(video, self.video_budget, fps=row.get("video_fps"))
+                except SuzakError as error:
+                    raise SuzakError(f"{name}: {error}") from None
+            video = clips[key]
+        return with_video(row, video)
 
     def batch_scored(self, inputs: list[dict[str, Any]]) -> None:
         """This batch's rows to the listeners, with image references gathered over ranks in TRL's rank order."""
@@ -194,6 +231,9 @@ class VLMGRPOTrainer(GRPOHooks):
         first tag itself), vLLM's image bounds, the visual-token report."""
         dataset = self.train_dataset
         has_images = "image" in dataset.column_names or "images" in dataset.column_names
+        if self.use_vllm and VIDEO_COLUMN in dataset.column_names:
+            raise SuzakError("use_vllm with video rows: suzak's video path runs with HF generation only so far; "
+                             "set use_vllm: false")  # fmt: skip
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:

@@ -9,7 +9,9 @@ by name, instead of somewhere in a training run:
   (a resume's weights loaded with the model's key conversion, which transformers 5.17's resume leaves out);
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
-  method of the subclass), reads the scored batch from ``_logs``, logs through ``_log_metric``, saves a checkpoint
+  method of the subclass), and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
+  through ``chat_template_kwargs``), ``_compute_loss`` and ``_get_per_token_logps_and_entropies`` (each row's video
+  tensors added to the model call: :func:`feeding_videos`), reads the scored batch from ``_logs``, logs through ``_log_metric``, saves a checkpoint
   with transformers' ``Trainer._save_checkpoint``, and sets the vision-token suppression where TRL's two generation
   paths read it (``generation_config``/``generation_kwargs`` for HF, ``vllm_generation.generation_kwargs`` for vLLM);
 - :class:`RewardFault`: what ``_calculate_rewards`` raises, on every rank at once, when a reward raises or returns
@@ -28,8 +30,8 @@ by name, instead of somewhere in a training run:
   (vLLM packs a copy at load, ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), and TRL's
   ``vllm.LLM`` (``trl.generation.vllm_generation.LLM``) gets the policy's dtype.
 
-Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak.parsing` and :mod:`suzak.vision`
-(leaves).
+Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak.parsing`, :mod:`suzak.vision` and
+:mod:`suzak.video` (leaves).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from trl.trainer.utils import is_async_callable
 
 from suzak import SuzakError
 from suzak.parsing import message_text
-from suzak.vision import collapse_runs
+from suzak.video import Clip, processor_kwargs
+from suzak.vision import collapse_runs, video_of
 
 __all__ = [
     "REWARD_CALL_KWARGS",
@@ -67,6 +70,7 @@ __all__ = [
     "StaleSampler",
     "colocated_vllm_on_cpu",
     "completion_rows",
+    "feeding_videos",
     "forget_vision_features_on_sync",
     "keep_adapters_fp32",
     "keep_vllm_cpu_weights_live",
@@ -78,6 +82,10 @@ logger = logging.getLogger(__name__)
 
 # Keyword arguments GRPOTrainer._calculate_rewards passes to every reward itself (beside the dataset's columns).
 REWARD_CALL_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+# The key of the scored batch that carries each row's video tensors (a list, one entry per row: TRL shuffles and
+# splits lists along the rows with everything else).
+VIDEO_FIELDS = "suzak_video_fields"
 
 
 def reward_call_kwargs(rows: list[dict], completions: list, log: Callable[..., None]) -> dict[str, Any]:
@@ -662,13 +670,19 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._batch_rows: list[str] = []
         self._nonfinite_said: set[str] = set()
         self.sampler_guard = SamplerGuard()
+        self._video_rows: list[dict | None] | None = None  # the rows' video tensors while TRL runs the model
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_extra_columns.clear()
         self._batch_rows = self.row_names(inputs)
-        output = super()._generate_and_score_completions(self.prepare_batch(inputs))
+        prepared = self.prepare_batch(inputs)
+        videos = self.video_fields(prepared)
+        with self._videos(videos):
+            output = super()._generate_and_score_completions(prepared)
+        if videos is not None:
+            output[VIDEO_FIELDS] = videos
         if self.model.training:
             self._check_sampler(output)
             self.batch_scored(inputs)
@@ -682,6 +696,79 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             token = self.processing_class.image_token_id
             prompt_ids = [collapse_runs(list(ids), token) for ids in prompt_ids]
         return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
+
+    def _tokenize_prompts(self, prompts: list):
+        """Prompts with video clips reach the processor as their frames, with the clips' metadata (through
+        ``apply_chat_template``'s ``processor_kwargs``, which TRL passes on from ``chat_template_kwargs``)."""
+        clips = [part["video"] for prompt in prompts if isinstance(prompt, list) for part in _parts(prompt)
+                 if part.get("type") == "video" and isinstance(part.get("video"), Clip)]  # fmt: skip
+        if not clips:
+            return super()._tokenize_prompts(prompts)
+        saved = self.chat_template_kwargs
+        given = dict(saved.get("processor_kwargs") or {})
+        self.chat_template_kwargs = {**saved, "processor_kwargs": {**given, **processor_kwargs(clips)}}
+        try:
+            return super()._tokenize_prompts([_with_frames(prompt) for prompt in prompts])
+        finally:
+            self.chat_template_kwargs = saved
+
+    def _compute_loss(self, model, inputs):
+        with self._videos(inputs.get(VIDEO_FIELDS)):
+            return super()._compute_loss(model, inputs)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           *args, **kwargs):  # fmt: skip
+        """With video rows, TRL's chunks of ``batch_size`` rows, each computed by TRL with its rows' video tensors
+        added to the model call (:func:`feeding_videos`)."""
+        rows = self._video_rows
+        if rows is None:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, *args, **kwargs)  # fmt: skip
+        if len(rows) != input_ids.size(0) or kwargs.get("pixel_values") is not None:
+            raise SuzakError(f"a batch of {input_ids.size(0)} rows came with {len(rows)} rows of video tensors"
+                             + (" and images" if kwargs.get("pixel_values") is not None else ""))  # fmt: skip
+        size = batch_size or input_ids.size(0)
+        logps, entropies, aux = [], [], []
+        for start in range(0, input_ids.size(0), size):
+            end = min(start + size, input_ids.size(0))
+            chunk = {k: v[start:end] if k in ("token_type_ids", "mm_token_type_ids") and v is not None else v
+                     for k, v in kwargs.items()}  # fmt: skip
+            with feeding_videos(model, rows[start:end], self.processing_class.tokenizer.convert_tokens_to_ids(
+                    "<|video_pad|>")):  # fmt: skip
+                part = super()._get_per_token_logps_and_entropies(
+                    model, input_ids[start:end], attention_mask[start:end], logits_to_keep, None, *args, **chunk
+                )
+            logps.append(part[0])
+            entropies.append(part[1])
+            aux.append(part[2])
+        return (torch.cat(logps), None if entropies[0] is None else torch.cat(entropies),
+                None if aux[0] is None else torch.stack(aux).mean())  # fmt: skip
+
+    @contextmanager
+    def _videos(self, rows: list[dict | None] | None):
+        saved, self._video_rows = self._video_rows, rows
+        try:
+            yield
+        finally:
+            self._video_rows = saved
+
+    def video_fields(self, inputs: list[dict[str, Any]]) -> list[dict | None] | None:
+        """Each row's video tensors for the model (``pixel_values_videos``, ``video_grid_thw`` and, for Qwen2.5-VL,
+        ``second_per_grid_ts``), from the processor on the row's clip; None for a batch without video. The copies of
+        a prompt share one clip, and one set of tensors."""
+        clips = [video_of(row) for row in inputs]
+        if not any(isinstance(clip, Clip) for clip in clips):
+            return None
+        processor = self.processing_class
+        computed: dict[int, dict] = {}
+        for clip in clips:
+            if isinstance(clip, Clip) and id(clip) not in computed:
+                out = processor(text=[processor.video_token], videos=[clip.frames], return_tensors="pt",
+                                **processor_kwargs([clip]))  # fmt: skip
+                fields = {k: torch.as_tensor(out[k]).to(self.accelerator.device)
+                          for k in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts") if k in out}  # fmt: skip
+                computed[id(clip)] = fields
+        return [computed[id(clip)] if isinstance(clip, Clip) else None for clip in clips]
 
     def _calculate_rewards(self, inputs, *args, **kwargs):
         rows = self._batch_rows if len(self._batch_rows) == len(inputs) else _batch_positions(len(inputs))
@@ -851,6 +938,46 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             bias = self.vllm_generation.generation_kwargs.get("logit_bias") or {}
             return sorted(int(token) for token, value in bias.items() if value <= -100)
         return sorted(self.generation_config.suppress_tokens or [])
+
+
+def _parts(prompt: list) -> list[dict]:
+    return [part for message in prompt if isinstance(message, dict) and isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict)]  # fmt: skip
+
+
+def _with_frames(prompt: Any) -> Any:
+    """A prompt whose video parts hold their clip's frames array (what a processor takes) instead of the clip."""
+    if not isinstance(prompt, list):
+        return prompt
+    return [{**m, "content": [{**p, "video": p["video"].frames} if isinstance(p, dict) and isinstance(p.get("video"), Clip)
+                              else p for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in prompt]  # fmt: skip
+
+
+@contextmanager
+def feeding_videos(model: torch.nn.Module, rows: Sequence[dict | None], video_token_id: int):
+    """Within the block, every call of ``model`` gets these rows' video tensors (rows without a video add none) and
+    ``mm_token_type_ids`` marking their video placeholder tokens (2), which the Qwen models' M-RoPE needs.
+
+    TRL builds each chunk's model call from image arguments only; this adds the video ones to the same call.
+    """
+    present = [row for row in rows if row is not None]
+    fields = {key: torch.cat([row[key] for row in present]) for key in (present[0] if present else {})}
+
+    def add_videos(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is None or not present:
+            return args, kwargs
+        types = kwargs.get("mm_token_type_ids")
+        types = torch.zeros_like(ids) if types is None else types.clone()
+        types[ids == video_token_id] = 2
+        return args, {**kwargs, **fields, "mm_token_type_ids": types}
+
+    handle = model.register_forward_pre_hook(add_videos, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _tail(values: Sequence | Iterable, count: int) -> list:

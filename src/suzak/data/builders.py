@@ -26,6 +26,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.data.colors import color_squares
+from suzak.data.motion import moving_ball
 from suzak.parsing import gold_answer
 from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
@@ -35,6 +36,7 @@ __all__ = [
     "clevr_cogen",
     "clevr_synthetic",
     "color_squares",
+    "moving_ball",
     "geoqa_r1v",
     "gsm8k",
     "jsonl",
@@ -300,6 +302,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "gsm8k": gsm8k,
     "gsm8k_synthetic": gsm8k_synthetic,
     "jsonl": jsonl,
+    "moving_ball": moving_ball,
 }
 
 

@@ -1,0 +1,216 @@
+"""Video rows: the video budget, reading clips (files, frame lists, arrays), and GRPO steps through TRL on each
+video-capable tiny family, with the video tokens of training equal to the budget's count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from trl import GRPOConfig, ModelConfig
+
+from suzak import SuzakError
+from suzak.data.motion import moving_ball
+from suzak.models.loading import load_model_and_processor
+from suzak.parsing import completion_text
+from suzak.trainer import VLMGRPOTrainer
+from suzak.video import Clip, clip_key, processor_kwargs, read_clip
+from suzak.vision import PixelBudget, VideoBudget, video_of, with_video
+
+VIDEO_FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
+BUDGET = VideoBudget(fps=4.0, min_frames=4, max_frames=8, min_pixels=3136, max_pixels=12544)
+
+
+def write_mp4(path, frames: list[Image.Image], fps: int = 8) -> None:
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height = frames[0].size
+        stream.pix_fmt = "yuv420p"
+        for image in frames:
+            for packet in stream.encode(av.VideoFrame.from_image(image)):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def _frames(n: int, size=(64, 48)) -> list[Image.Image]:
+    return [Image.new("RGB", size, (20 * i, 100, 255 - 20 * i)) for i in range(n)]
+
+
+# --- the budget ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("total", "fps", "expected"), [(80, 8.0, 8), (12, 8.0, 6), (5, 8.0, 4), (3, 8.0, 2)])
+def test_frame_count_follows_qwen_vl_utils(total, fps, expected):
+    budget = BUDGET.for_model(_config("qwen2_5_vl"))
+    assert budget.frame_count(total, fps) == expected
+    indices = budget.frame_indices(total, fps)
+    assert len(indices) == expected and indices[0] == 0 and indices[-1] == total - 1
+
+
+def test_total_pixels_lowers_the_frame_size_as_qwen_vl_utils_does():
+    budget = VideoBudget(max_frames=8, max_pixels=50176, total_pixels=100352, factor=28)
+    low, high = budget.frame_bounds(8)
+    assert (low, high) == (3136, 25088)  # 100352 / 8 frames x 2
+    h, w = budget.size(8, 480, 640)
+    assert h * w <= high and h % 28 == 0 and w % 28 == 0
+
+
+def test_a_budget_takes_the_model_factor_and_refuses_bad_bounds():
+    assert VideoBudget().for_model(_config("qwen3_vl")).factor == 32
+    assert VideoBudget().for_model(_config("qwen2_vl")).factor == 28
+    with pytest.raises(ValueError, match="min_frames"):
+        VideoBudget(min_frames=1)
+    with pytest.raises(ValueError, match="total_pixels"):
+        VideoBudget(max_frames=16, total_pixels=1000)
+
+
+def _config(model_type):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type)
+
+
+# --- reading clips -------------------------------------------------------------------------------------------------
+
+
+def test_a_file_a_frame_list_and_frame_files_read_to_the_same_clip(tmp_path):
+    budget = BUDGET.for_model(_config("qwen2_5_vl"))
+    frames = _frames(16)
+    write_mp4(tmp_path / "clip.mp4", frames, fps=8)
+    paths = []
+    for i, frame in enumerate(frames):
+        frame.save(tmp_path / f"f{i:02d}.png")
+        paths.append(str(tmp_path / f"f{i:02d}.png"))
+    from_file = read_clip(str(tmp_path / "clip.mp4"), budget)
+    from_list = read_clip(frames, budget, fps=8.0)
+    from_paths = read_clip(paths, budget, fps=8.0)
+    from_array = read_clip(np.stack([np.asarray(f) for f in frames]), budget, fps=8.0)
+    expected = tuple(budget.frame_indices(16, 8.0))  # 2 s at the budget's 4 fps: 8 frames
+    assert from_file.indices == from_list.indices == from_paths.indices == from_array.indices == expected
+    assert len(expected) == 8 and expected[0] == 0 and expected[-1] == 15
+    assert from_file.frames.shape == from_list.frames.shape == (8, *budget.size(8, 48, 64), 3)
+    assert np.array_equal(from_list.frames, from_paths.frames) and np.array_equal(from_list.frames, from_array.frames)
+    assert np.abs(from_file.frames.astype(int) - from_list.frames.astype(int)).mean() < 12  # lossy mpeg4
+    assert from_file.fps == 8.0 and from_file.total_frames == 16 and from_file.sampled_fps == 4.0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.mp4", r"video .*missing.mp4 does not exist$"),
+        (lambda d: (d / "bad.mp4").write_bytes(b"not a video") and d / "bad.mp4", r"video .*bad.mp4 cannot be decoded"),
+        (lambda d: [str(d / "gone.png")] * 4, r"video frame .*gone.png does not exist$"),
+        (lambda d: [], r"a video has no frames$"),
+        (lambda d: (d / "empty.mp4").write_bytes(b"") or d / "empty.mp4", r"video .*empty.mp4 cannot be decoded"),
+        (lambda d: _frames(1), r"a video of list: a video needs at least 2 frames, this one has 1$"),
+        (lambda d: np.zeros((4, 8, 8)), r"must be an array of shape \(frames, height, width, 3\)"),
+        (lambda d: 3, r"a video must be a file path, a list of frames"),
+    ],
+)
+def test_an_unreadable_or_empty_video_is_one_line(tmp_path, make, message):
+    with pytest.raises(SuzakError, match=message) as error:
+        read_clip(make(tmp_path), BUDGET.for_model(_config("qwen2_5_vl")))
+    assert "\n" not in str(error.value)
+
+
+def test_clip_keys_and_placing_a_clip_in_a_row():
+    assert clip_key(_frames(3)) == clip_key(_frames(3)) != clip_key(_frames(4))
+    row = {"prompt": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "?"}]}], "video": "a"}
+    placed = with_video(row, "clip")
+    assert placed["prompt"][0]["content"][0] == {"type": "video", "video": "clip"}
+    assert row["prompt"][0]["content"][0] == {"type": "video"}  # the dataset's row is left as it was
+    assert video_of(placed) == "clip" and video_of(row) == "a"  # the read clip once placed, the column before
+
+
+def test_moving_ball_controls():
+    aligned, still = moving_ball(6, seed=1), moving_ball(6, seed=1, videos="still")
+    assert [r["solution"] for r in aligned] == [r["solution"] for r in still]
+    first, last = (np.asarray(aligned[0]["video"][i]) for i in (0, -1))
+    assert not np.array_equal(first, last)
+    with pytest.raises(ValueError, match="aligned, shuffled or still"):
+        moving_ball(2, videos="grey")
+
+
+# --- processor and training ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_the_processor_counts_the_budgets_video_tokens(family_model_dir, family):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(family_model_dir(family))
+    budget = BUDGET.for_model(processor)
+    clip = read_clip(_frames(12, size=(100, 70)), budget, fps=6.0)
+    out = processor(text=[processor.video_token], videos=[clip.frames], return_tensors="pt", **processor_kwargs([clip]))
+    video_token = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert (out["input_ids"] == video_token).sum().item() == budget.tokens(len(clip.indices), 70, 100)
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    return [float(len(completion_text(c))) for c in completions]
+
+
+class VideoCheck:
+    """A reward that checks each row arrives with its own clip, and records the video tokens TRL fed the model."""
+
+    __name__ = "video_check"
+
+    def __init__(self):
+        self.rows = 0
+
+    def __call__(self, prompts, completions, solution, **kwargs):
+        for prompt in prompts:
+            clip = video_of({"prompt": prompt})
+            assert isinstance(clip, Clip)
+            self.rows += 1
+        return [0.0] * len(completions)
+
+
+class VideoTokens(VLMGRPOTrainer):
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        token = self.processing_class.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        counts = (out["prompt_ids"] == token).sum(dim=1).tolist()
+        expected = [self.video_budget.tokens(len(video_of(r)) if isinstance(video_of(r), list) else 0, 56, 56)
+                    for r in inputs]  # fmt: skip
+        self.token_checks = [*getattr(self, "token_checks", []), (counts, expected)]
+        return out
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_a_video_grpo_step_trains_through_the_frames(family_model_dir, tmp_path, family):
+    model_dir = family_model_dir(family)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=6, max_steps=2, learning_rate=1e-2, bf16=False, use_cpu=True,
+                      report_to="none", logging_steps=1, save_strategy="no", seed=0, beta=0.0)  # fmt: skip
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(model_dir)), args)
+    check = VideoCheck()
+    trainer = VideoTokens(model=model, reward_funcs=[length_reward, check], args=args,
+                          train_dataset=moving_ball(8, seed=0), processing_class=processor,
+                          pixel_budget=PixelBudget(3136, 50176), video_budget=BUDGET)  # fmt: skip
+    visual = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "visual" in n}
+    trainer.train()
+    assert check.rows == 8  # 2 steps of 4 completions
+    for counts, expected in trainer.token_checks:
+        assert counts == expected and all(c > 0 for c in counts)
+    moved = [n for n, p in trainer.model.named_parameters() if "visual" in n and not torch.equal(visual[n], p)]
+    assert moved, "no vision-tower weight moved: the frames never reached the loss"
+
+
+def test_a_row_with_images_and_a_video_is_one_line(tiny_model_dir, tmp_path):
+    from datasets import Dataset
+
+    rows = moving_ball(4, seed=0).to_list()
+    for row in rows:
+        row["image"] = Image.new("RGB", (56, 56))
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, max_steps=1, bf16=False, use_cpu=True, report_to="none",
+                      save_strategy="no")  # fmt: skip
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(tiny_model_dir)), args)
+    trainer = VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=processor, video_budget=BUDGET)  # fmt: skip
+    with pytest.raises(SuzakError, match=r"index \d+ holds images and a video"):
+        trainer.train()
