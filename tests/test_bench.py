@@ -57,3 +57,13 @@ def test_vllm_cpu_bench_prints_its_recorded_rows(run_env):
     assert {r["kind"] for r in rows} == {"engine", "train"} and all(r["status"] == "ok" for r in rows)
     table = _run("bench_vllm_cpu.py", "--table", str(ROOT / "bench" / "results_vllm_cpu.jsonl"), env=run_env).stdout
     assert len(table.splitlines()) == 2 + len(rows) and "| train | vllm | 150 |" in table
+
+
+@pytest.mark.slow
+def test_video_decode_bench_times_files_and_frame_lists(tmp_path, run_env):
+    results = tmp_path / "video.jsonl"
+    out = _run("bench_video_decode.py", "--clips", "2", "--seconds", "2", "--results", str(results), env=run_env)
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["source"] for r in rows] == ["mp4", "frames"]
+    assert all(r["frames_read"] == 4 and r["tokens"] > 0 and r["ms_per_clip"] > 0 for r in rows)
+    assert "| mp4 | 2 s 640x360 at 30 fps | 4 |" in out.stdout

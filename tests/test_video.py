@@ -214,3 +214,103 @@ def test_a_row_with_images_and_a_video_is_one_line(tiny_model_dir, tmp_path):
                              processing_class=processor, video_budget=BUDGET)  # fmt: skip
     with pytest.raises(SuzakError, match=r"index \d+ holds images and a video"):
         trainer.train()
+
+
+# --- before step 1, and evaluation ---------------------------------------------------------------------------------
+
+
+def test_a_bad_video_budget_flag_is_one_line():
+    from suzak.configs import SuzakArguments
+
+    with pytest.raises(SuzakError, match=r"^video budget: need 2 <= video min_frames <= max_frames, got 1 and 16"):
+        SuzakArguments(video_min_frames=1)
+    assert SuzakArguments(video_fps=1.0, video_max_frames=8).video_budget() == VideoBudget(fps=1.0, max_frames=8)
+
+
+def test_validation_names_a_missing_or_broken_video_before_step_1(tmp_path):
+    from datasets import Dataset
+
+    from suzak.checks import validate_rows
+
+    write_mp4(tmp_path / "good.mp4", _frames(6))
+    (tmp_path / "broken.mp4").write_bytes(b"\x00" * 64)
+    rows = [{"video": str(tmp_path / name), "solution": "left"} for name in ("good.mp4", "gone.mp4", "broken.mp4")]
+    problems = validate_rows(Dataset.from_list(rows), PixelBudget(factor=28))
+    assert [(p.index, p.column) for p in problems] == [(1, "video"), (2, "video")]
+    assert problems[0].reason.endswith("gone.mp4 does not exist") and "cannot be decoded" in problems[1].reason
+    frames = validate_rows(moving_ball(3, seed=0), PixelBudget(factor=28))
+    assert frames == []
+
+
+def test_precheck_counts_video_tokens_and_stops_a_video_prompt_past_the_context(tiny_processor):
+    from suzak.checks import precheck
+
+    dataset = moving_ball(4, seed=0)
+    budget = BUDGET.for_model(tiny_processor)
+    report = precheck(dataset, tiny_processor, PixelBudget(factor=28), video_budget=BUDGET, context_length=4096)
+    assert report["video_tokens"]["max"] == budget.tokens(8, 56, 56) == 16  # 4 grids of 2x2
+    with pytest.raises(SuzakError, match=r"^row 0: its prompt is \d+ tokens \(16 of them video\).*video_max_frames"):
+        precheck(dataset, tiny_processor, PixelBudget(factor=28), video_budget=BUDGET, context_length=60)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_eval_engine_reads_videos_as_training_does(family_model_dir, family):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from suzak.eval.engine import HFEngine
+
+    model_dir = family_model_dir(family)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    engine = HFEngine(model, processor, PixelBudget(3136, 50176), batch_size=3, max_new_tokens=3, progress=False)
+    engine.use_video_budget(BUDGET)
+    rows = list(moving_ball(5, seed=2, size=50))
+    encoded = engine.encode(rows)
+    token = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    budget = BUDGET.for_model(processor)
+    assert (encoded["input_ids"] == token).sum(dim=1).tolist() == [budget.tokens(8, 50, 50)] * 5
+    outputs = engine.generate(rows, temperature=1.0, seed=0)
+    assert len(outputs) == 5 and all(isinstance(o, str) for o in outputs)
+
+
+def test_video_r1_reads_a_local_copy_and_counts_missing_videos(tmp_path, caplog):
+    import json
+
+    from suzak.data.builders import build_dataset
+
+    (tmp_path / "CLEVRER").mkdir()
+    write_mp4(tmp_path / "CLEVRER" / "a.mp4", _frames(6))
+    entries = [
+        {"problem_id": 1, "problem": "What moves first?", "data_type": "video", "problem_type": "multiple choice",
+         "options": ["A. the cube", "B. the ball"], "solution": "<answer>B</answer>", "path": "./CLEVRER/a.mp4",
+         "data_source": "CLEVRER"},
+        {"problem_id": 2, "problem": "How many?", "data_type": "video", "problem_type": "numerical", "options": [],
+         "solution": "<answer>3</answer>", "path": "./CLEVRER/a.mp4", "data_source": "CLEVRER"},
+        {"problem_id": 3, "problem": "Which?", "data_type": "video", "problem_type": "multiple choice",
+         "options": ["A. x", "B. y"], "solution": "<answer>A</answer>", "path": "./STAR/gone.mp4", "data_source": "STAR"},
+        {"problem_id": 4, "problem": "An image", "data_type": "image", "problem_type": "multiple choice",
+         "options": ["A. x"], "solution": "<answer>A</answer>", "path": "./General/i.png", "data_source": "General"},
+    ]  # fmt: skip
+    (tmp_path / "Video-R1-260k.json").write_text(json.dumps(entries))
+    with caplog.at_level("WARNING"):
+        dataset = build_dataset("video_r1", data_root=str(tmp_path))
+    assert len(dataset) == 1 and dataset[0]["solution"] == "B" and dataset[0]["line"] == 0
+    assert dataset[0]["video"] == str((tmp_path / "CLEVRER" / "a.mp4").resolve())
+    assert "Options:\nA. the cube\nB. the ball" in dataset[0]["prompt"][0]["content"][1]["text"]
+    assert "1 video rows left out" in caplog.text
+    numerical = build_dataset("video_r1", data_root=str(tmp_path), problem_types=["numerical"])
+    assert numerical["solution"] == ["3"]
+    with pytest.raises(SuzakError, match=r"^video_r1: no video rows of \['free-form'\]"):
+        build_dataset("video_r1", data_root=str(tmp_path), problem_types=["free-form"])
+    with pytest.raises(SuzakError, match=r"Video-R1-260k.json does not exist"):
+        build_dataset("video_r1", data_root=str(tmp_path / "nowhere"))
+
+
+def test_video_r1_from_the_hub_fails_offline_in_one_line(monkeypatch):
+    import suzak.hub
+
+    monkeypatch.setattr(suzak.hub, "hub_reachable", lambda timeout=3.0: False)
+    from suzak.data.builders import build_dataset
+
+    with pytest.raises(SuzakError, match=r"^cannot load Hub dataset 'Video-R1/Video-R1-data'.*unreachable.*data_root"):
+        build_dataset("Video-R1/Video-R1-data")

@@ -37,7 +37,8 @@ from suzak import SuzakError
 from suzak.parsing import gold_answer
 from suzak.prompts import after_opening, render_answer, template_opening
 from suzak.trl_internals import reward_call_kwargs
-from suzak.vision import PixelBudget, images_of, processor_bounds, prompt_tokens, to_rgb
+from suzak.video import read_clip, video_problem
+from suzak.vision import PixelBudget, VideoBudget, images_of, processor_bounds, prompt_tokens, to_rgb, video_of
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
 
@@ -203,28 +204,41 @@ def precheck(
     max_completion_length: int = 0,
     context_length: int | None = None,
     num_rows: int | None = 256,
+    video_budget: VideoBudget | None = None,
 ) -> dict[str, Any]:
     """Visual tokens and prompt length over (a sample of) a dataset, with a warning when prompts won't fit.
 
-    Prompt length = text tokens of the chat-templated prompt (one placeholder per image) + visual tokens.
-    Returns ``{"rows", "visual_tokens": {min, mean, max}, "prompt_tokens": {min, mean, max}, "too_long"}``.
+    Prompt length = text tokens of the chat-templated prompt (one placeholder per image or video) + visual tokens (a
+    video's: its clip read to ``video_budget``, as training reads it). Returns ``{"rows", "visual_tokens": {min,
+    mean, max}, "video_tokens": {...}, "prompt_tokens": {...}, "too_long"}``. A video prompt that cannot fit the
+    model's context with ``max_completion_length`` stops the run (one line naming the row): lower the video budget.
     """
     budget = budget.for_model(processing_class)  # the visual tokens of this model's patch grid
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     n = len(dataset) if num_rows is None else min(num_rows, len(dataset))
-    visual, prompt_lengths, too_long = [], [], []
+    videos = (video_budget or VideoBudget()).for_model(processing_class)
+    visual, video_tokens, prompt_lengths, too_long = [], [], [], []
     for index in range(n):
         row = dataset[index]
         images = images_of(row)
         text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
         length = prompt_tokens(tokenizer, text, images, budget)
         visual.append(sum(budget.tokens(img.height, img.width) for img in images))
+        if video_of(row) is not None:
+            frames, height, width, _ = read_clip(video_of(row), videos, fps=row.get("video_fps")).frames.shape
+            video_tokens.append(videos.tokens(frames, height, width))
+            length += video_tokens[-1] - 1
         prompt_lengths.append(length)
         if context_length is not None and length + max_completion_length > context_length:
             too_long.append(index)
+            if video_of(row) is not None:
+                raise SuzakError(f"row {index}: its prompt is {length} tokens ({video_tokens[-1]} of them video), "
+                                 f"which with max_completion_length {max_completion_length} exceeds the model's context "
+                                 f"of {context_length}: lower video_max_frames or video_max_pixels")  # fmt: skip
     report = {
         "rows": n,
         "visual_tokens": _summary(visual),
+        "video_tokens": _summary(video_tokens),
         "prompt_tokens": _summary(prompt_lengths),
         "too_long": too_long,
     }
@@ -232,6 +246,9 @@ def precheck(
         "pre-check over %d rows: visual tokens/prompt min %d mean %.1f max %d; prompt tokens min %d mean %.1f max %d",
         n, *report["visual_tokens"].values(), *report["prompt_tokens"].values(),
     )  # fmt: skip
+    if video_tokens:
+        logger.info("pre-check: %d of %d rows have a video: video tokens/prompt min %d mean %.1f max %d",
+                    len(video_tokens), n, *report["video_tokens"].values())  # fmt: skip
     if too_long:
         logger.warning(
             "%d of %d prompts + %d completion tokens exceed the model's context of %s tokens (first rows: %s); "
@@ -280,7 +297,7 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
     image_columns = [c for c in ("image", "images") if c in dataset.column_names]
     if image_columns and budget.factor is None:
         raise ValueError("validate_rows sizes images for a model: pass PixelBudget.for_model(processor or config)")
-    columns = image_columns + [c for c in ("solution", "line", "image_path") if c in dataset.column_names]
+    columns = image_columns + [c for c in ("video", "solution", "line", "image_path") if c in dataset.column_names]
     raw = dataset.select_columns(columns)
     for column in image_columns:
         feature = raw.features[column]
@@ -288,6 +305,8 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
             raw = raw.cast_column(column, datasets.Image(decode=False))
         elif isinstance(getattr(feature, "feature", None), datasets.Image):
             raw = raw.cast_column(column, datasets.List(datasets.Image(decode=False)))
+    if "video" in columns and isinstance(getattr(raw.features["video"], "feature", None), datasets.Image):
+        raw = raw.cast_column("video", datasets.List(datasets.Image(decode=False)))  # frames: checked, not decoded
     if num_proc is None:
         num_proc = max(1, min(os.cpu_count() or 1, len(raw) // 2000))
     checked = raw.map(
@@ -308,6 +327,14 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
             reason = _image_problem(value, budget)
             if reason:
                 return problem | {"column": column, "reason": reason, "image_file": path or row.get("image_path")}
+    if "video" in row:
+        reason = video_problem(row["video"])
+        if reason:
+            return problem | {
+                "column": "video",
+                "reason": reason,
+                "image_file": row["video"] if isinstance(row["video"], str) else None,
+            }
     if gold_parsers:
         gold = row.get("solution")
         for name, parse in gold_parsers.items():

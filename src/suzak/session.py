@@ -102,9 +102,9 @@ def validated(dataset, suzak_args, train_args, budget):
     from suzak.checks import validate_rows
     from suzak.rewards import gold_parser, resolve_rewards
 
-    image_columns = [c for c in ("image", "images") if c in dataset.column_names]
+    image_columns = [c for c in ("image", "images", "video") if c in dataset.column_names]
     if image_columns and budget.factor is None:
-        raise SuzakError(f"dataset {suzak_args.dataset_name} has images (column {image_columns[0]}) but the model has "
+        raise SuzakError(f"dataset {suzak_args.dataset_name} has images or video (column {image_columns[0]}) but the model has "
                          "no vision tower: use a vision-language model, or a text dataset")  # fmt: skip
     rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
     parsers = {getattr(r, "__name__", type(r).__name__): p for r in rewards if (p := gold_parser(r)) is not None}

@@ -50,6 +50,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         processing_class=processing_class,
         peft_config=peft_config,
         pixel_budget=budget,
+        video_budget=suzak_args.video_budget(),
         answer_format=template.answer_format if suzak_args.preflight_rows > 0 else None,
         preflight_rows=suzak_args.preflight_rows,
         sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),

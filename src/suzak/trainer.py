@@ -242,7 +242,7 @@ class VLMGRPOTrainer(GRPOHooks):
             weights = self.args.reward_weights
             preflight(dataset, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows,
                       reward_weights=weights, opening=self.completion_opening)  # fmt: skip
-        if has_images:
+        if has_images or VIDEO_COLUMN in dataset.column_names:
             model_config = getattr(self.model, "config", None)
             text_config = getattr(model_config, "text_config", model_config)
             context = getattr(text_config, "max_position_embeddings", None)
@@ -253,4 +253,5 @@ class VLMGRPOTrainer(GRPOHooks):
                 max_completion_length=self.args.max_completion_length,
                 context_length=context,
                 num_rows=self.precheck_rows,
+                video_budget=self.video_budget,
             )

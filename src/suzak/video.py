@@ -21,8 +21,9 @@ PyAV (``av``, which qwen-vl-utils installs on every path) decodes files. An unre
 from __future__ import annotations
 
 import hashlib
+import io
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from PIL import Image, UnidentifiedImageError
 from suzak import SuzakError
 from suzak.vision import VideoBudget
 
-__all__ = ["Clip", "clip_key", "decode_file", "processor_kwargs", "read_clip"]
+__all__ = ["Clip", "clip_key", "decode_file", "processor_kwargs", "read_clip", "video_problem"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,32 +97,61 @@ def _name(source: Any) -> str:
     return str(source) if isinstance(source, (str, os.PathLike)) else f"a video of {type(source).__name__}"
 
 
-def decode_file(path: str | os.PathLike) -> tuple[list[Image.Image], float]:
-    """Every frame of a video file as RGB images, and its frames per second (PyAV)."""
+def decode_file(path: str | os.PathLike, pick: Callable[[int, float], list[int]] | None = None
+                ) -> tuple[list[Image.Image], list[int], int, float]:  # fmt: skip
+    """(frames, their indices, the video's frame count, its frames per second) of a video file, decoded with PyAV.
+
+    ``pick(total_frames, fps)`` says which frames to keep (default: all); only those are converted to RGB images, so
+    a long video costs one decoding pass, not a picture of every frame. The frame count is the container's, or its
+    video packets counted when the container does not say; should decoding yield fewer frames than that count, the
+    pick is made again from the frames that decoded.
+    """
     import av
 
     path = Path(path)
     if not path.is_file():
         raise SuzakError(f"video {path} does not exist")
+    pick = pick or (lambda total, fps: list(range(total)))
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
                 raise SuzakError(f"video {path} has no video stream")
             stream = container.streams.video[0]
-            fps = float(stream.average_rate or stream.base_rate or 0) or None
-            frames = [frame.to_image() for frame in container.decode(stream)]
+            fps = float(stream.average_rate or stream.base_rate or 0)
+            total = stream.frames or sum(1 for packet in container.demux(stream) if packet.size)
+        if total == 0:
+            raise SuzakError(f"video {path} has no frames")
+        if fps <= 0:
+            raise SuzakError(f"video {path} does not say its frame rate")
+        wanted = pick(total, fps)
+        frames, decoded = _decode(path, set(wanted))
+        if decoded == 0:
+            raise SuzakError(f"video {path} has no frames")
+        if decoded < total and max(wanted) >= decoded:  # the container overstated its length
+            total, wanted = decoded, pick(decoded, fps)
+            frames, _ = _decode(path, set(wanted))
     except SuzakError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as error:
         raise SuzakError(f"video {path} cannot be decoded: {error}") from None
-    if not frames:
-        raise SuzakError(f"video {path} has no frames")
-    if fps is None:
-        raise SuzakError(f"video {path} does not say its frame rate")
-    return frames, fps
+    return [frames[i] for i in wanted], wanted, total, fps
 
 
-def _frame_file(path: str | os.PathLike) -> Image.Image:
+def _decode(path: Path, wanted: set[int]) -> tuple[dict[int, Image.Image], int]:
+    """The wanted frames (by decoding order) as RGB images, and how many frames decoded in all."""
+    import av
+
+    frames: dict[int, Image.Image] = {}
+    count = 0
+    with av.open(str(path)) as container:
+        for index, frame in enumerate(container.decode(video=0)):
+            if index in wanted:
+                frames[index] = frame.to_image()
+            count = index + 1
+    return frames, count
+
+
+def _frame_file(path: str | os.PathLike | io.BytesIO) -> Image.Image:
     try:
         with Image.open(path) as image:
             image.load()
@@ -129,7 +159,8 @@ def _frame_file(path: str | os.PathLike) -> Image.Image:
     except FileNotFoundError:
         raise SuzakError(f"video frame {path} does not exist") from None
     except (UnidentifiedImageError, OSError) as error:
-        raise SuzakError(f"video frame {path} cannot be read: {error}") from None
+        where = "stored in the dataset" if isinstance(path, io.BytesIO) else path
+        raise SuzakError(f"video frame {where} cannot be read: {error}") from None
 
 
 def _frames(source: Any) -> list[Image.Image]:
@@ -145,7 +176,9 @@ def _frames(source: Any) -> list[Image.Image]:
                 frames.append(frame)
             elif isinstance(frame, (str, os.PathLike)):
                 frames.append(_frame_file(frame))
-            elif isinstance(frame, Mapping) and frame.get("path"):  # a datasets Image() cell read undecoded
+            elif isinstance(frame, Mapping) and frame.get("bytes"):  # a datasets Image() cell read undecoded
+                frames.append(_frame_file(io.BytesIO(frame["bytes"])))
+            elif isinstance(frame, Mapping) and frame.get("path"):
                 frames.append(_frame_file(frame["path"]))
             else:
                 raise SuzakError(f"a video frame must be an image or a path to one, got {type(frame).__name__}")
@@ -158,18 +191,65 @@ def read_clip(source: Any, budget: VideoBudget, *, fps: float | None = None) -> 
     """The clip the model sees of ``source``: a video file, a list of frames (images or paths) or a (T, H, W, 3)
     array. ``fps`` is the frame rate of a list or array (default: the budget's, so every frame up to
     ``max_frames`` is read); a file says its own."""
-    if isinstance(source, (str, os.PathLike)):
-        frames, rate = decode_file(source)
-    else:
-        frames, rate = _frames(source), float(fps or budget.fps)
-        if not frames:
-            raise SuzakError("a video has no frames")
     try:
-        indices = budget.frame_indices(len(frames), rate)
+        if isinstance(source, (str, os.PathLike)):
+            frames, indices, total, rate = decode_file(source, lambda count, rate: budget.frame_indices(count, rate))
+        else:
+            every, rate = _frames(source), float(fps or budget.fps)
+            if not every:
+                raise SuzakError("a video has no frames")
+            indices, total = budget.frame_indices(len(every), rate), len(every)
+            frames = [every[i] for i in indices]
     except ValueError as error:
         raise SuzakError(f"{_name(source)}: {error}") from None
-    picked = [budget.fit(frames[i], len(indices)) for i in indices]
+    picked = [budget.fit(frame, len(indices)) for frame in frames]
     if len({frame.size for frame in picked}) > 1:
         raise SuzakError(f"{_name(source)}: its frames differ in size ({sorted({f.size for f in picked})})")
     array = np.stack([np.asarray(frame, dtype=np.uint8) for frame in picked])
-    return Clip(array, rate, tuple(indices), len(frames), _name(source))
+    return Clip(array, rate, tuple(indices), total, _name(source))
+
+
+def video_problem(value: Any) -> str:
+    """Why a ``video`` cell cannot be trained on ('' when it can), cheaply, before step 1: a file is opened and its
+    first frame decoded; a list of frames needs 2 or more, each stored bytes, a path or an image.
+
+    >>> video_problem("missing.mp4"), video_problem([{"bytes": b"x", "path": None}]), video_problem(None)
+    ('video missing.mp4 does not exist', 'a video needs at least 2 frames, this one has 1', 'no video')
+    """
+    if value is None:
+        return "no video"
+    if isinstance(value, (str, os.PathLike)):
+        return _file_problem(Path(value))
+    if isinstance(value, np.ndarray):
+        return "" if value.ndim == 4 and value.shape[-1] == 3 and len(value) >= 2 else f"frames of shape {value.shape}"
+    if not isinstance(value, Sequence):
+        return f"a video must be a file path or a list of frames, got {type(value).__name__}"
+    if len(value) < 2:
+        return f"a video needs at least 2 frames, this one has {len(value)}"
+    for frame in value:
+        if isinstance(frame, Image.Image):
+            continue
+        stored = (
+            frame if isinstance(frame, Mapping) else {"path": frame} if isinstance(frame, (str, os.PathLike)) else None
+        )
+        if stored is None or not (stored.get("bytes") or stored.get("path")):
+            return f"a video frame must be an image or a path to one, got {type(frame).__name__}"
+        if not stored.get("bytes") and not Path(stored["path"]).is_file():
+            return f"video frame {stored['path']} does not exist"
+    return ""
+
+
+def _file_problem(path: Path) -> str:
+    import av
+
+    if not path.is_file():
+        return f"video {path} does not exist"
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                return f"video {path} has no video stream"
+            if next(container.decode(video=0), None) is None:
+                return f"video {path} has no frames"
+    except (av.error.FFmpegError, OSError, ValueError) as error:
+        return f"video {path} cannot be decoded: {error}"
+    return ""

@@ -42,6 +42,7 @@ from suzak import SuzakError
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
+    "DEFAULT_VIDEO_MAX_PIXELS",
     "FAMILIES",
     "MAX_ASPECT_RATIO",
     "VISION_PLACEHOLDERS",

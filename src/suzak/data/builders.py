@@ -27,6 +27,7 @@ from typing import Any
 from suzak import SuzakError
 from suzak.data.colors import color_squares
 from suzak.data.motion import moving_ball
+from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
 from suzak.parsing import gold_answer
 from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
@@ -37,6 +38,7 @@ __all__ = [
     "clevr_synthetic",
     "color_squares",
     "moving_ball",
+    "video_r1",
     "geoqa_r1v",
     "gsm8k",
     "jsonl",
@@ -303,6 +305,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "gsm8k_synthetic": gsm8k_synthetic,
     "jsonl": jsonl,
     "moving_ball": moving_ball,
+    "video_r1": video_r1,
 }
 
 
@@ -311,7 +314,7 @@ def build_dataset(name: str, **options):
 
     An option the builder does not take is one line naming it and the builder's options (never silently ignored).
     """
-    aliases = {CLEVR_COGEN_REPO: clevr_cogen, GEOQA_REPO: geoqa_r1v, GSM8K_REPO: gsm8k}
+    aliases = {CLEVR_COGEN_REPO: clevr_cogen, GEOQA_REPO: geoqa_r1v, GSM8K_REPO: gsm8k, VIDEO_R1_REPO: video_r1}
     builder = DATASETS.get(name) or aliases.get(name)
     if builder is not None:
         return builder(**_checked(name, builder, options))

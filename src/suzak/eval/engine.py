@@ -7,7 +7,8 @@ Both take rows as the data builders produce them (``prompt`` in TRL's conversati
     outputs = engine.generate(rows)                              # greedy
     outputs = engine.generate(rows, temperature=1.0, seed=0)     # sampled
 
-Images are fitted to the pixel budget before any processor sees them (as in training), batches are built from
+Images are fitted to the pixel budget before any processor sees them (as in training), a row's video is read to the
+video budget as in training (:func:`suzak.video.read_clip`; HF engine only so far), batches are built from
 prompts of similar length (longest first, so an out-of-memory shows at once) and the vision placeholder tokens are
 suppressed while decoding, the same ids training suppresses (``suzak.trainer``): a policy trained under that
 suppression can still favour them under plain decoding (../docs/evaluate.md).
@@ -26,13 +27,16 @@ from tqdm.auto import tqdm
 
 from suzak import SuzakError
 from suzak.prompts import template_opening
+from suzak.video import Clip, clip_key, processor_kwargs, read_clip
 from suzak.vision import (
     VISION_PLACEHOLDERS,
     PixelBudget,
+    VideoBudget,
     configure_processor,
     images_of,
     pad_left,
     prompt_tokens,
+    video_of,
     vision_token_ids,
 )
 
@@ -73,6 +77,8 @@ class _BatchedEngine(abc.ABC):
         self.suppress_ids = vision_token_ids(processing_class)
         self.chat_template_kwargs: dict = {}
         self.opening = ""  # the template's opening of the assistant turn, put in front of every completion
+        self.video_budget = VideoBudget().for_model(processing_class)
+        self._clips: dict = {}  # the rows' videos read in this generate call
         configure_processor(processing_class, self.budget)
         pad_left(processing_class)
 
@@ -92,19 +98,40 @@ class _BatchedEngine(abc.ABC):
         return self.processing_class.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True,
                                                          **self.chat_template_kwargs)  # fmt: skip
 
+    def use_video_budget(self, budget: VideoBudget) -> None:
+        """Read every row's video to ``budget`` (training's), with this model's factor."""
+        self.video_budget = budget.for_model(self.processing_class)
+
     def fitted_images(self, row: dict) -> list[Image.Image]:
         return [self.budget.fit(image) for image in images_of(row)]
 
+    def clip(self, row: dict) -> Clip | None:
+        """The row's video read to the video budget (once per generate call), None for a row without one."""
+        video = video_of(row)
+        if video is None or isinstance(video, Clip):
+            return video
+        key = clip_key(video, row.get("video_fps"))
+        if key not in self._clips:
+            self._clips[key] = read_clip(video, self.video_budget, fps=row.get("video_fps"))
+        return self._clips[key]
+
     def prompt_length(self, row: dict, text: str | None = None) -> int:
-        """Prompt tokens: text tokens with each image placeholder expanded to the budget's visual tokens."""
+        """Prompt tokens: text tokens with each image placeholder expanded to the budget's visual tokens (and a
+        video's placeholder to its clip's)."""
         text = self.prompt_text(row) if text is None else text
-        return prompt_tokens(_tokenizer(self.processing_class), text, images_of(row), self.budget)
+        length = prompt_tokens(_tokenizer(self.processing_class), text, images_of(row), self.budget)
+        clip = self.clip(row)
+        if clip is not None:
+            frames, height, width, _ = clip.frames.shape
+            length += self.video_budget.tokens(frames, height, width) - 1
+        return length
 
     def generate(self, rows: Sequence[dict], temperature: float = 0.0, seed: int | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:  # fmt: skip
         """One completion per row, in order, after the template's opening when :meth:`use_template` asked for it;
         ``on_batch(row_indices, outputs)`` runs after each batch."""
         outputs: list[str | None] = [None] * len(rows)
+        self._clips = {}
         prompts = [self.prompt_text(row) for row in rows]
         batches = length_batches(
             [self.prompt_length(r, p) for r, p in zip(rows, prompts, strict=True)], self.batch_size
@@ -119,6 +146,7 @@ class _BatchedEngine(abc.ABC):
                 if on_batch is not None:
                     on_batch(indices, texts)
                 bar.update(len(indices))
+        self._clips = {}
         return outputs  # type: ignore[return-value]
 
     @abc.abstractmethod
@@ -150,6 +178,10 @@ class HFEngine(_BatchedEngine):
         """The padded model inputs of a batch: fitted images, left padding, every image's visual tokens."""
         texts = [self.prompt_text(row) for row in rows] if prompts is None else prompts
         images = [image for row in rows for image in self.fitted_images(row)]
+        clips = [clip for clip in (self.clip(row) for row in rows) if clip is not None]
+        if clips:
+            return self.processing_class(text=texts, images=images or None, videos=[clip.frames for clip in clips],
+                                         padding=True, return_tensors="pt", **processor_kwargs(clips))  # fmt: skip
         if images:
             return self.processing_class(text=texts, images=images, padding=True, return_tensors="pt")
         return _tokenizer(self.processing_class)(texts, padding=True, return_tensors="pt", add_special_tokens=False)
@@ -163,8 +195,9 @@ class HFEngine(_BatchedEngine):
     @torch.inference_mode()
     def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
         inputs = self.encode(rows, prompts).to(self.model.device)
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in inputs:
+                inputs[key] = inputs[key].to(self.model.dtype)
         sequences = self.model.generate(
             **inputs,
             max_new_tokens=self.max_new_tokens,
@@ -238,6 +271,8 @@ class VLLMEngine(_BatchedEngine):
 
     def request(self, row: dict, prompt: str | None = None) -> dict:
         """vLLM's input for a row: the rendered prompt and its fitted images."""
+        if video_of(row) is not None:
+            raise SuzakError("--engine vllm with video rows: suzak's video evaluation runs on --engine hf so far")
         images = self.fitted_images(row)
         request: dict[str, Any] = {"prompt": self.prompt_text(row) if prompt is None else prompt}
         if images:
