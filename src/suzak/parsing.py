@@ -136,8 +136,9 @@ def with_opening(completion, opening: str):
     return messages
 
 
-def content_text(content, image: str = "") -> str:
-    """The text of one message's content: a string, or its parts' text with ``image`` standing for an image part.
+def content_text(content, image: str = "", video: str = "") -> str:
+    """The text of one message's content: a string, or its parts' text with ``image`` standing for an image part
+    and ``video`` for a video part.
 
     >>> content_text([{"type": "image"}, {"type": "text", "text": "How many?"}], image="<image>")
     '<image>How many?'
@@ -148,12 +149,14 @@ def content_text(content, image: str = "") -> str:
         return ""
     if isinstance(content, list):
         parts = [part for part in content if isinstance(part, dict)]
-        return "".join(image if part.get("type") == "image" else str(part.get("text") or "") for part in parts)
+        stand_in = {"image": image, "video": video}
+        return "".join(stand_in.get(part.get("type"), str(part.get("text") or "")) for part in parts)
     raise TypeError(f"message content must be a string or a list of parts, not {type(content).__name__}")
 
 
 def message_text(messages) -> str:
-    """Plain text of a prompt or completion for people to read: a string, or chat messages, ``<image>`` for images.
+    """Plain text of a prompt or completion for people to read: a string, or chat messages, ``<image>`` for images
+    and ``<video>`` for a video.
 
     >>> message_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}])
     '<image>How many?'
@@ -162,7 +165,7 @@ def message_text(messages) -> str:
     """
     if isinstance(messages, str):
         return messages
-    return "\n".join(content_text(m.get("content") if isinstance(m, dict) else m, image="<image>")
+    return "\n".join(content_text(m.get("content") if isinstance(m, dict) else m, image="<image>", video="<video>")
                      for m in messages or [])  # fmt: skip
 
 

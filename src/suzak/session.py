@@ -147,6 +147,7 @@ def build_eval_callback(suzak_args, args, heldout, processing_class, budget):
     scorer = resolve_reward(name, (suzak_args.reward_kwargs or {}).get(name))
     return GenerationEvalCallback(
         heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget,
+        video_budget=suzak_args.video_budget(),
         batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
         chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
         opening_in_completion=suzak_args.opening_in_completion,

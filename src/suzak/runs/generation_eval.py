@@ -23,7 +23,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from suzak.parsing import message_text
-from suzak.vision import PixelBudget
+from suzak.vision import PixelBudget, VideoBudget
 
 __all__ = ["GenerationEvalCallback"]
 
@@ -44,6 +44,7 @@ class GenerationEvalCallback(TrainerCallback):
         *,
         eval_steps: int,
         budget: PixelBudget | None = None,
+        video_budget: VideoBudget | None = None,
         batch_size: int = 16,
         max_new_tokens: int = 256,
         name: str = "eval/accuracy",
@@ -57,6 +58,7 @@ class GenerationEvalCallback(TrainerCallback):
         self.processing_class = processing_class
         self.eval_steps = eval_steps
         self.budget = budget
+        self.video_budget = video_budget
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.name = name
@@ -79,13 +81,19 @@ class GenerationEvalCallback(TrainerCallback):
             model, self.processing_class, self.budget, self.batch_size, self.max_new_tokens, progress=False
         )
         engine.use_template(self.chat_template_kwargs, self.opening_in_completion)  # as the training rewards read
+        if self.video_budget is not None:
+            engine.use_video_budget(self.video_budget)  # training's frames and frame sizes
         was_training = model.training
         model.eval()
         try:
             outputs = engine.generate(self.rows)
         finally:
             model.train(was_training)
-        columns = {k: [row.get(k) for row in self.rows] for k in self.rows[0] if k not in ("prompt", "image", "images")}
+        columns = {
+            k: [row.get(k) for row in self.rows]
+            for k in self.rows[0]
+            if k not in ("prompt", "image", "images", "video")
+        }
         scores = self.scorer(completions=outputs, prompts=[r["prompt"] for r in self.rows], **columns)
         table = [
             [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
