@@ -37,8 +37,8 @@ from suzak import SuzakError
 from suzak.parsing import gold_answer
 from suzak.prompts import after_opening, render_answer, template_opening
 from suzak.trl_internals import reward_call_kwargs
-from suzak.video import read_clip, video_problem
-from suzak.vision import PixelBudget, VideoBudget, images_of, processor_bounds, prompt_tokens, to_rgb, video_of
+from suzak.video import row_clip, video_problem
+from suzak.vision import PixelBudget, VideoBudget, images_of, processor_bounds, prompt_tokens, to_rgb
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
 
@@ -224,14 +224,15 @@ def precheck(
         text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
         length = prompt_tokens(tokenizer, text, images, budget)
         visual.append(sum(budget.tokens(img.height, img.width) for img in images))
-        if video_of(row) is not None:
-            frames, height, width, _ = read_clip(video_of(row), videos, fps=row.get("video_fps")).frames.shape
+        clip = row_clip(row, videos)
+        if clip is not None:
+            frames, height, width, _ = clip.frames.shape
             video_tokens.append(videos.tokens(frames, height, width))
             length += video_tokens[-1] - 1
         prompt_lengths.append(length)
         if context_length is not None and length + max_completion_length > context_length:
             too_long.append(index)
-            if video_of(row) is not None:
+            if clip is not None:
                 raise SuzakError(f"row {index}: its prompt is {length} tokens ({video_tokens[-1]} of them video), "
                                  f"which with max_completion_length {max_completion_length} exceeds the model's context "
                                  f"of {context_length}: lower video_max_frames or video_max_pixels")  # fmt: skip

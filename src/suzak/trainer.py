@@ -43,7 +43,7 @@ from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
-from suzak.video import Clip, clip_key, read_clip
+from suzak.video import row_clip
 from suzak.vision import (
     VIDEO_COLUMN,
     PixelBudget,
@@ -161,20 +161,15 @@ class VLMGRPOTrainer(GRPOHooks):
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
 
     def _with_clip(self, row: dict[str, Any], name: str, clips: dict) -> dict[str, Any]:
-        video = video_of(row)
-        if video is None:
+        if video_of(row) is None:
             return row
         if images_of(row):
             raise SuzakError(f"{name} holds images and a video: suzak trains on rows with one or the other")
-        if not isinstance(video, Clip):
-            key = clip_key(video, row.get("video_fps"))
-            if key not in clips:
-                try:
-                    clips[key] = read_clip(video, self.video_budget, fps=row.get("video_fps"))
-                except SuzakError as error:
-                    raise SuzakError(f"{name}: {error}") from None
-            video = clips[key]
-        return with_video(row, video)
+        try:
+            clip = row_clip(row, self.video_budget, clips)
+        except SuzakError as error:
+            raise SuzakError(f"{name}: {error}") from None
+        return with_video(row, clip)
 
     def batch_scored(self, inputs: list[dict[str, Any]]) -> None:
         """This batch's rows to the listeners, with image references gathered over ranks in TRL's rank order."""

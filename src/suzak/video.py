@@ -10,7 +10,7 @@ frames and the same number of video tokens. Qwen2.5-VL places frames in time wit
 PyAV (``av``, which qwen-vl-utils installs on every path) decodes files. An unreadable, missing or empty video is one
 :class:`~suzak.SuzakError` line that names it.
 
->>> from suzak.vision import VideoBudget
+>>> from suzak.vision import VideoBudget, video_of
 >>> budget = VideoBudget(fps=2.0, max_frames=8, max_pixels=12544, factor=28)
 >>> frames = [Image.new("RGB", (64, 48), (i, 0, 0)) for i in range(10)]
 >>> clip = read_clip(frames, budget, fps=5.0)  # 2 s at 2 fps: 4 of the 10 frames
@@ -32,9 +32,9 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from suzak import SuzakError
-from suzak.vision import VideoBudget
+from suzak.vision import VideoBudget, video_of
 
-__all__ = ["Clip", "clip_key", "decode_file", "processor_kwargs", "read_clip", "video_problem"]
+__all__ = ["Clip", "clip_key", "decode_file", "processor_kwargs", "read_clip", "row_clip", "video_problem"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,6 +207,22 @@ def read_clip(source: Any, budget: VideoBudget, *, fps: float | None = None) -> 
         raise SuzakError(f"{_name(source)}: its frames differ in size ({sorted({f.size for f in picked})})")
     array = np.stack([np.asarray(frame, dtype=np.uint8) for frame in picked])
     return Clip(array, rate, tuple(indices), total, _name(source))
+
+
+def row_clip(row: Mapping[str, Any], budget: VideoBudget, memo: dict | None = None) -> Clip | None:
+    """A data row's video (:func:`suzak.vision.video_of`) read to ``budget`` (its ``video_fps`` for a frame list);
+    the clip already placed in it as it is; None for a row without one. Rows read with the same ``memo`` dict read a
+    video they share once (:func:`clip_key`), as :func:`suzak.vision.fit_row_images` resizes a shared image once."""
+    video = video_of(row)
+    if video is None or isinstance(video, Clip):
+        return video
+    fps = row.get("video_fps")
+    if memo is None:
+        return read_clip(video, budget, fps=fps)
+    key = clip_key(video, fps)
+    if key not in memo:
+        memo[key] = read_clip(video, budget, fps=fps)
+    return memo[key]
 
 
 def video_problem(value: Any) -> str:

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from suzak import SuzakError
 from suzak.prompts import template_opening
-from suzak.video import Clip, clip_key, processor_kwargs, read_clip
+from suzak.video import Clip, processor_kwargs, row_clip
 from suzak.vision import (
     VISION_PLACEHOLDERS,
     PixelBudget,
@@ -107,13 +107,7 @@ class _BatchedEngine(abc.ABC):
 
     def clip(self, row: dict) -> Clip | None:
         """The row's video read to the video budget (once per generate call), None for a row without one."""
-        video = video_of(row)
-        if video is None or isinstance(video, Clip):
-            return video
-        key = clip_key(video, row.get("video_fps"))
-        if key not in self._clips:
-            self._clips[key] = read_clip(video, self.video_budget, fps=row.get("video_fps"))
-        return self._clips[key]
+        return row_clip(row, self.video_budget, self._clips)
 
     def prompt_length(self, row: dict, text: str | None = None) -> int:
         """Prompt tokens: text tokens with each image placeholder expanded to the budget's visual tokens (and a
