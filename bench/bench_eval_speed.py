@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--answer_tokens", type=int, default=128, help="fixed answer length in tokens")
     parser.add_argument("--model_dir", default="/tmp/suzak-bench", help="where random-init models are saved")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--log_dir", default=None, help="keep each engine's output here (default: not kept)")
     parser.add_argument("--table", default=None, help="print the table of a results file and exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -128,6 +129,9 @@ def main() -> None:
                    "--model_dir", args.model_dir]  # fmt: skip
         result = subprocess.run(command, cwd=ROOT, env=os.environ | {"PYTHONUNBUFFERED": "1"}, capture_output=True,
                                 text=True)  # fmt: skip
+        if args.log_dir:
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.log_dir) / f"eval-{args.shape}-{spec.replace(':', '-')}.log").write_text(result.stdout + result.stderr)
         found = [line[len(ROW_MARK) :] for line in result.stdout.splitlines() if line.startswith(ROW_MARK)]
         tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])[-300:]
         row = json.loads(found[-1]) if found else {"engine": spec, "status": f"exit {result.returncode}: {tail}"}

@@ -395,6 +395,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--model_dir", default="/tmp/suzak-bench", help="where random-init models are saved")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--log_dir", default=None, help="one log per configuration here (default: a new temp folder)")
     parser.add_argument("--table", default=None, help="print the table of a results file and exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -416,7 +417,8 @@ def main() -> None:
         args.deepspeed = "ds_configs/zero2_offload.json"
     args.deepspeed = None if args.deepspeed == "none" else args.deepspeed
     date = datetime.date.today().isoformat()
-    log_dir = Path(tempfile.mkdtemp(prefix="suzak-speed-logs-"))
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="suzak-speed-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     measured = []
     for repeat in range(repeats):
         for spec in matrix(args):  # trl and suzak alternate, so a slow spell of the machine hits both

@@ -29,10 +29,10 @@ case $stage in
     python3 -m pytest -q -p no:cacheprovider tests/test_vllm_boundary.py tests/test_vllm_colocate.py \
       tests/test_gpu.py tests/test_eval_gpu.py 2>&1 | tee "$out/check.log" | tail -15 ;;
   train)
-    python3 bench/bench_grpo_speed.py --device cuda --results "$out/results_grpo_speed.jsonl" "$@" 2>&1 \
+    python3 bench/bench_grpo_speed.py --device cuda --results "$out/results_grpo_speed.jsonl" --log_dir "$out/logs" "$@" 2>&1 \
       | tee "$out/train.log" | grep -v '^{' ;;
   eval)
-    python3 bench/bench_eval_speed.py --device cuda --results "$out/results_eval_speed.jsonl" "$@" 2>&1 \
+    python3 bench/bench_eval_speed.py --device cuda --results "$out/results_eval_speed.jsonl" --log_dir "$out/logs" "$@" 2>&1 \
       | tee "$out/eval.log" | grep -v '^{' ;;
   qlora)
     python3 -c "import bitsandbytes, torch; print('bitsandbytes', bitsandbytes.__version__, torch.cuda.get_device_name())" \
