@@ -131,7 +131,9 @@ def main() -> None:
                                 text=True)  # fmt: skip
         if args.log_dir:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(args.log_dir) / f"eval-{args.shape}-{spec.replace(':', '-')}.log").write_text(result.stdout + result.stderr)
+            (Path(args.log_dir) / f"eval-{args.shape}-{spec.replace(':', '-')}.log").write_text(
+                result.stdout + result.stderr
+            )
         found = [line[len(ROW_MARK) :] for line in result.stdout.splitlines() if line.startswith(ROW_MARK)]
         tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])[-300:]
         row = json.loads(found[-1]) if found else {"engine": spec, "status": f"exit {result.returncode}: {tail}"}
