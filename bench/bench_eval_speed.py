@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--answer_tokens", type=int, default=128, help="fixed answer length in tokens")
     parser.add_argument("--model_dir", default="/tmp/suzak-bench", help="where random-init models are saved")
     parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--log_dir", default=None, help="keep each engine's output here (default: not kept)")
+    parser.add_argument("--log_dir", default=None, help="one log per engine here (default: a new temp folder)")
     parser.add_argument("--table", default=None, help="print the table of a results file and exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -122,20 +122,20 @@ def main() -> None:
     import importlib.util
 
     rows = args.rows or ["hf:64"] + (["vllm:64"] if importlib.util.find_spec("vllm") and args.device == "cuda" else [])
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="suzak-eval-speed-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     measured = []
     for spec in rows:
         command = [sys.executable, str(Path(__file__).resolve()), "--child", spec, "--device", args.device,
                    "--shape", args.shape, "--items", str(args.items), "--answer_tokens", str(args.answer_tokens),
                    "--model_dir", args.model_dir]  # fmt: skip
-        result = subprocess.run(command, cwd=ROOT, env=os.environ | {"PYTHONUNBUFFERED": "1"}, capture_output=True,
-                                text=True)  # fmt: skip
-        if args.log_dir:
-            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(args.log_dir) / f"eval-{args.shape}-{spec.replace(':', '-')}.log").write_text(
-                result.stdout + result.stderr
-            )
-        found = [line[len(ROW_MARK) :] for line in result.stdout.splitlines() if line.startswith(ROW_MARK)]
-        tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])[-300:]
+        log = log_dir / f"eval-{args.shape}-{spec.replace(':', '-')}-{int(time.time())}.log"
+        with log.open("w") as handle:  # streamed: a run killed at a time limit leaves its log
+            result = subprocess.run(command, cwd=ROOT, env=os.environ | {"PYTHONUNBUFFERED": "1"}, stdout=handle,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        output = log.read_text()
+        found = [line[len(ROW_MARK) :] for line in output.splitlines() if line.startswith(ROW_MARK)]
+        tail = " | ".join(output.strip().splitlines()[-3:])[-300:]
         row = json.loads(found[-1]) if found else {"engine": spec, "status": f"exit {result.returncode}: {tail}"}
         row |= {"date": datetime.date.today().isoformat()}
         measured.append(row)
@@ -143,6 +143,7 @@ def main() -> None:
             handle.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
     print(table(measured))
+    print(f"rows appended to {args.results}; logs in {log_dir}")
 
 
 if __name__ == "__main__":

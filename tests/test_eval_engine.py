@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import pytest
@@ -218,6 +219,41 @@ def test_vllm_engine_text_only(tiny_processor):
     assert all(set(r) == {"prompt"} for r in llm.requests)
     assert llm.params[0]["seed"] == 3 and llm.params[0]["temperature"] == 1.0
     assert all(score("gsm8k", o, "18")[1] for o in outputs)  # no "####": the number in <answer> counts
+
+
+class EnvLLM(FakeLLM):
+    """Records the start method vLLM would read when it builds its engine core."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+
+
+def test_vllm_engine_starts_its_processes_with_spawn(tiny_processor, monkeypatch):
+    from suzak.eval.engine import VLLMEngine
+
+    module = types.SimpleNamespace(LLM=EnvLLM, SamplingParams=lambda **kw: kw)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert VLLMEngine("some/model", tiny_processor, max_images_per_prompt=0, vllm_module=module).llm.method == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # the user's choice is kept
+    assert VLLMEngine("some/model", tiny_processor, max_images_per_prompt=0, vllm_module=module).llm.method == "fork"
+
+
+def test_asking_torch_for_a_gpu_poisons_fork_without_initialising_cuda():
+    """Why the vLLM engine spawns: vLLM forks unless ``torch.cuda.is_initialized()``, but ``is_available()`` (which
+    every evaluation calls first) already makes CUDA unusable in a forked child. If torch stops doing this, the
+    spawn default can be revisited."""
+    import torch
+
+    torch.cuda.is_available()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"1" if torch.cuda._is_in_bad_fork() else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert not torch.cuda.is_initialized()
+    assert os.read(read, 1) == b"1"
 
 
 def test_vllm_missing_is_a_clear_error():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -258,8 +259,17 @@ class VLLMEngine(_BatchedEngine):
 
     @property
     def llm(self) -> Any:
-        """The ``vllm.LLM``, built on first use (loading it takes the GPU)."""
+        """The ``vllm.LLM``, built on first use (loading it takes the GPU).
+
+        vLLM starts its engine core (and tensor-parallel workers) in new processes, by fork unless told otherwise
+        or unless it sees CUDA initialised. By then this process has asked torch whether a GPU is there
+        (``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``), which poisons fork without initialising CUDA,
+        so vLLM forks and its engine core dies with "Cannot re-initialize CUDA in forked subprocess" (seen on an
+        H100, 2026-11-25). The engine therefore starts them with spawn, as vLLM's CPU build always does; a
+        ``VLLM_WORKER_MULTIPROC_METHOD`` the user set is kept. (TRL's colocate training runs vLLM in-process.)
+        """
         if self._llm is None:
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
             self._llm = self.vllm.LLM(**self.engine_kwargs())
         return self._llm
 
