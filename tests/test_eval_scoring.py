@@ -130,6 +130,12 @@ AGREEMENT_TABLE = [
     ("gsm8k", "#### 17", "18"),
     ("gsm8k", "<answer> 18 dollars </answer>", "18"),
     ("gsm8k", "The answer is 18.", "18"),
+    ("word", "left", "left"),
+    ("word", " Right. ", "right"),
+    ("word", "left", "right"),
+    ("word", "to the left", "left"),
+    ("word", "<answer>left</answer>", "left"),
+    ("word", "", "left"),
 ]
 
 
@@ -170,22 +176,25 @@ def test_r1v_extracted_answers_are_r1v_scripts():
     assert score("geoqa", "<answer>140°</answer>", "140°", "r1v") == (None, False)
 
 
-def test_every_task_has_strict_and_only_gsm8k_lacks_r1v():
+def test_every_task_has_strict_and_only_gsm8k_and_the_video_task_lack_r1v():
     for task in TASKS.values():
-        assert task.rules == (["strict"] if task.name == "gsm8k" else ["r1v", "strict"])
+        assert task.rules == (["strict"] if task.name in ("gsm8k", "moving_ball") else ["r1v", "strict"])
         assert SCORERS[task.scorers["strict"]].reward in REWARDS  # strict is the training reward's parser
         for rule in task.rules:
             assert task.scorer(rule).rule == rule and rule in SCORING_RULES
     assert all(s.reward is None for s in SCORERS.values() if s.rule == "r1v")  # no training reward matches R1-V's eval
     with pytest.raises(SuzakError, match=r"^gsm8k has no 'r1v' scoring rule \(R1-V never evaluated GSM8K.*use strict$"):
         get_task("gsm8k").scorer("r1v")
+    with pytest.raises(SuzakError, match=r"^moving_ball has no 'r1v' scoring rule \(R1-V has no video task"):
+        get_task("moving_ball").scorer("r1v")
     with pytest.raises(SuzakError, match="unknown scoring rule 'loose'"):
         get_task("geoqa").scorer("loose")
     assert get_task("geoqa").other_rule("r1v") == "strict" and get_task("gsm8k").other_rule("strict") is None
 
 
 @pytest.mark.parametrize(("task", "gold"), [("superclevr", "many"), ("superclevr", None), ("superclevr", ""),
-                                            ("geoqa", None), ("geoqa", " "), ("gsm8k", "lots")])  # fmt: skip
+                                            ("geoqa", None), ("geoqa", " "), ("gsm8k", "lots"),
+                                            ("moving_ball", "up and down"), ("moving_ball", "")])  # fmt: skip
 def test_bad_gold_raises_under_every_rule(task, gold):
     """A gold that cannot be read is an error, never an output scored wrong (checked before the output is read)."""
     for rule in get_task(task).rules:

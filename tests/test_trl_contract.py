@@ -54,6 +54,17 @@ def test_vllm_generation_takes_generation_kwargs_into_sampling_params():
     assert '"generation_kwargs": self.generation_kwargs' in source  # server
 
 
+def test_colocated_generation_sends_llm_generate_one_request_per_prompt():
+    """``vllm_requests_with_videos`` gives each request ``llm.generate`` receives its row's video: TRL's colocated
+    path must build one ``{"prompt_token_ids": ...}`` dict per prompt, in order, and hand the list to
+    ``self.llm.generate`` as its first argument."""
+    source = inspect.getsource(VLLMGeneration.generate)
+    assert '"n": 1,  # vLLM on each GPU generates only 1 in colocate mode' in source
+    assert 'row = {"prompt_token_ids": ids}' in source
+    assert 'vllm_prompts = [{"prompt_token_ids": ids} for ids in all_prompts]' in source
+    assert "self.llm.generate(vllm_prompts, sampling_params=sampling_params" in source
+
+
 def test_grpo_trainer_builds_vllm_generation_from_this_module_name():
     """tests/test_vllm_colocate.py replaces ``trl.trainer.grpo_trainer.VLLMGeneration`` with a stand-in."""
     import trl.trainer.grpo_trainer as module

@@ -336,19 +336,110 @@ def test_the_video_smoke_recipe_trains_and_evaluates_held_out_clips(family, tmp_
     assert sum(1 for r in rows if r["loss"]) == 4
 
 
-def test_video_rows_with_vllm_are_refused_in_one_line(tiny_model_dir, tiny_processor, tmp_path):
-    """Not wired yet (docs/video.md): training stops before step 1, the vLLM eval engine at the row."""
-    from suzak.eval.engine import VLLMEngine
-
+def _video_trainer(model_dir, tmp_path, **config):
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=4, max_steps=1, bf16=False, use_cpu=True, report_to="none",
-                      save_strategy="no")  # fmt: skip
-    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(tiny_model_dir)), args)
-    trainer = VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=moving_ball(4),
-                             processing_class=processor, video_budget=BUDGET)  # fmt: skip
+                      save_strategy="no", **config)  # fmt: skip
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(model_dir)), args)
+    return VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=moving_ball(4),
+                          processing_class=processor, video_budget=BUDGET)  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "tensor_parallel", "message"), [
+    ("server", 1, r"^use_vllm with video rows runs in vllm_mode colocate: .*set vllm_mode: colocate"),
+    ("colocate", 2, r"^use_vllm with video rows runs with vllm_tensor_parallel_size 1 .*got 2$"),
+])  # fmt: skip
+def test_video_rows_with_vllm_outside_colocate_are_one_line(tiny_model_dir, tmp_path, mode, tensor_parallel, message):
+    """Colocated vLLM gets each row's clip (tests/test_vllm_tier.py trains so); TRL's server mode sends the server
+    image features only, and a tensor-parallel group would pool other ranks' rows: both stop before step 1."""
+    trainer = _video_trainer(tiny_model_dir, tmp_path, vllm_mode=mode, vllm_tensor_parallel_size=tensor_parallel)
     trainer.use_vllm = True  # as GRPOConfig(use_vllm=True) sets it, without building an engine here
-    with pytest.raises(SuzakError, match=r"^use_vllm with video rows: .*set use_vllm: false$"):
+    with pytest.raises(SuzakError, match=message):
         trainer.run_pre_checks()
-    engine = VLLMEngine(str(tiny_model_dir), tiny_processor, PixelBudget(), vllm_module=object(), progress=False)
-    with pytest.raises(SuzakError, match=r"^--engine vllm with video rows"):
-        engine.request(moving_ball(1)[0])
+
+
+class FakeLLM:
+    def __init__(self):
+        self.received = []
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=True):
+        self.received.append(prompts)
+        return ["out"] * len(prompts)
+
+
+def test_colocated_requests_get_their_rows_videos_in_order():
+    from suzak.trl_internals import vllm_requests_with_videos
+
+    llm = FakeLLM()
+    frames = np.zeros((4, 28, 28, 3), np.uint8)
+    videos = [(frames, {"video_metadata": [{"fps": 4.0}]}), None]
+    prompts = [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3], "multi_modal_data": {"image": "picture"}}]
+    with vllm_requests_with_videos(llm, videos):
+        assert llm.generate(prompts, sampling_params="p", use_tqdm=False) == ["out", "out"]
+        with pytest.raises(SuzakError, match="vLLM was handed 1 prompts for 2 rows"):
+            llm.generate(prompts[:1])
+    first, second = llm.received[0]
+    assert first["multi_modal_data"]["video"] is frames and first["mm_processor_kwargs"] == videos[0][1]
+    assert first["prompt_token_ids"] == [1, 2] and second == prompts[1]  # a row without a video is left as it was
+    assert "generate" not in vars(llm)  # the class's method again after the block
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_the_vllm_eval_engine_sends_a_clip_with_its_placeholder(family_model_dir, family):
+    """The video request: the HF engine's prompt ids with the video back to vLLM's placeholder (what vLLM makes of
+    it is checked against vLLM itself in tests/test_vllm_boundary.py), the clip's frames and how to read them."""
+    from transformers import AutoProcessor
+
+    from suzak.eval.engine import HFEngine, VLLMEngine
+
+    processor = AutoProcessor.from_pretrained(family_model_dir(family))
+    engine = VLLMEngine("some/model", processor, PixelBudget(3136, 50176), vllm_module=object(), progress=False)
+    engine.use_video_budget(BUDGET)
+    row = moving_ball(1, seed=3)[0]
+    request = engine.request(row)
+    clip = engine.clip(row)
+    tokens = processor.tokenizer.convert_tokens_to_ids
+    start, end, pad = tokens("<|vision_start|>"), tokens("<|vision_end|>"), tokens("<|video_pad|>")
+    ids = request["prompt_token_ids"]
+    hf = HFEngine(None, processor, PixelBudget(3136, 50176), progress=False)
+    hf.use_video_budget(BUDGET)
+    expanded = hf.encode([row])["input_ids"][0].tolist()
+    assert ids.count(pad) == 1 and expanded.count(pad) == BUDGET.for_model(processor).tokens(8, 56, 56)
+    video, kwargs = request["multi_modal_data"]["video"], request["mm_processor_kwargs"]
+    assert {k: kwargs[k] for k in ("do_sample_frames", "do_resize")} == {"do_sample_frames": False, "do_resize": False}
+    if family == "qwen3_vl":  # timestamps from the metadata beside the frames; the template's wrapper kept
+        frames, metadata = video
+        assert metadata["frames_indices"] == list(clip.indices) and metadata["do_sample_frames"] is False
+        assert [start, start, pad, end, end] == ids[ids.index(start) : ids.index(start) + 5]
+    else:  # the prompt as the template wrote it; the clip's times through the processor's video_metadata
+        frames = video
+        assert kwargs["video_metadata"] == [clip.metadata()]
+        assert ids == processor.tokenizer(engine.prompt_text(row), add_special_tokens=False)["input_ids"]
+    assert frames is clip.frames
+
+
+def test_suzak_eval_moving_ball_reads_held_out_clips_to_the_video_flags(tiny_model_dir, tmp_path):
+    """``python -m suzak.eval moving_ball``: held-out clips (not the training seed's), read to the --video_* budget
+    the run was trained with, scored with word_match's parser; the budget is in the settings a resume compares."""
+    import json
+
+    from suzak.eval.runner import EvalConfig, evaluate, prepare_items
+    from suzak.eval.tasks import get_task
+
+    flags = {"video_fps": 4.0, "video_max_frames": 8, "video_max_pixels": 4096}
+    config = EvalConfig(task="moving_ball", model_path=str(tiny_model_dir), num_rows=4, output_path=str(tmp_path / "r.json"),
+                        progress=False, **flags)  # fmt: skip
+    items, _ = prepare_items(config, get_task("moving_ball"))
+    training = moving_ball(4, seed=0)
+    assert all(
+        not np.array_equal(np.asarray(i.video[0]), np.asarray(r["video"][0]))
+        for i, r in zip(items, training, strict=True)
+    )
+    report = evaluate(config)
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert len(results["results"]) == 4 and {r["ground_truth"] for r in results["results"]} <= {"left", "right"}
+    assert report.greedy.correct == sum(r["is_correct"] for r in results["results"])
+    summary = (tmp_path / "r.md").read_text()
+    assert "video=fps 4, 4-8 frames, 3136-4096 pixels a frame" in summary
+    with pytest.raises(SuzakError, match=r"^video budget: .*\(the --video_\* flags\)$"):
+        EvalConfig(task="moving_ball", model_path="tiny", video_min_frames=9, video_max_frames=8)

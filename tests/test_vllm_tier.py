@@ -12,7 +12,9 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
   put back by tests/vllm_probe.py) in one line, and stays quiet on the live one;
 - vLLM runs exactly the prompt ids training uses (one placeholder per image handed over, expanded by vLLM: TRL #6294
   stays fixed) and never samples a vision placeholder;
-- ``python -m suzak.selftest --vllm`` passes (aligned learns, shuffled control at chance);
+- ``python -m suzak.selftest --vllm`` passes (aligned learns, shuffled control at chance), and so does the video
+  self-test: colocated video training hands vLLM each row's clip, vLLM runs exactly the training prompt ids, and
+  ``suzak.eval moving_ball --engine vllm`` evaluates held-out clips;
 - ``suzak.eval`` with ``--engine vllm`` and ``--engine hf`` on a trained checkpoint: the same greedy answers and
   scores reported the same way (visual tokens and prompt ids per request: tests/test_vllm_boundary.py, against
   vLLM's own input processing);
@@ -251,6 +253,31 @@ def test_eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path
         assert set(a) == set(b) and a["question"] == b["question"] and a["ground_truth"] == b["ground_truth"]
         if a["model_output"] == b["model_output"]:
             assert (a["extracted_answer"], a["is_correct"]) == (b["extracted_answer"], b["is_correct"])
+
+
+# --- video ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_colocated_video_training_samples_from_the_training_prompt(family, vllm_env, tmp_path):
+    """``recipes/video_smoke.yaml`` with ``--use_vllm true``: each row's clip reaches vLLM (TRL's colocate call sends
+    images only), vLLM expands it to exactly the prompt ids the policy trains on (8 frames: 4 token grids, and
+    Qwen3-VL's timestamps), the guard finds vLLM following the policy, and ``suzak.eval moving_ball --engine vllm``
+    evaluates the run's model on held-out clips at the same video budget."""
+    output_dir, record = tmp_path / family, tmp_path / "record.json"
+    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config", "recipes/video_smoke.yaml",
+            "--use_vllm", "true", "--model_name_or_path", f"tiny:{family}", "--max_steps", "3", "--output_dir",
+            str(output_dir)], vllm_env)  # fmt: skip
+    seen = json.loads(record.read_text())
+    assert len(seen["vllm_prompt_ids"]) == 3 * 8 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    checks = _checks(output_dir)
+    assert list(checks) == [1] and checks[1] < 1e-3, checks  # Qwen3-VL ~2e-7; Qwen2/2.5-VL ~2e-4 (docs/video.md)
+    result = tmp_path / "eval.json"
+    run_ok([sys.executable, "-m", "suzak.eval", "moving_ball", "--engine", "vllm", "--model_path", str(output_dir),
+            "--num_rows", "8", "--video_fps", "4", "--video_max_frames", "8", "--video_max_pixels", "4096",
+            "--output_path", str(result), "--no_progress"], vllm_env)  # fmt: skip
+    rows = json.loads(result.read_text())["results"]
+    assert len(rows) == 8 and all({"model_output", "is_correct"} <= set(row) for row in rows)
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------

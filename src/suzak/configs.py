@@ -23,7 +23,8 @@ from pathlib import Path
 
 from suzak import SuzakError
 from suzak.prompts import DEFAULT_TEMPLATE
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, DEFAULT_VIDEO_MAX_PIXELS, VideoBudget, family_factors
+from suzak.video import VideoBudgetArguments
+from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, family_factors
 
 __all__ = ["SuzakArguments", "closest", "full_argv", "parse_args", "parse_sft_args"]
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SuzakArguments:
+class SuzakArguments(VideoBudgetArguments):
     """suzak's own recipe fields; everything else is TRL's GRPOConfig / ModelConfig."""
 
     dataset_name: str = field(
@@ -65,28 +66,6 @@ class SuzakArguments:
         default=DEFAULT_MAX_PIXELS,
         metadata={"help": f"Pixel budget upper bound; {DEFAULT_MAX_PIXELS} = {DEFAULT_MAX_PIXELS // 784} visual tokens "
                           f"of 28x28 pixels, {DEFAULT_MAX_PIXELS // 1024} of 32x32 (R1-V's CLEVR run)."},
-    )  # fmt: skip
-    video_fps: float = field(
-        default=2.0,
-        metadata={"help": "Video budget: frames read per second of video (qwen-vl-utils' fps), within "
-                          "video_min_frames..video_max_frames; a list of frames is read at the row's video_fps."},
-    )  # fmt: skip
-    video_min_frames: int = field(default=4, metadata={"help": "Video budget: fewest frames read from a video."})
-    video_max_frames: int = field(
-        default=16, metadata={"help": "Video budget: most frames read from a video (2 frames make one token grid)."}
-    )
-    video_min_pixels: int = field(
-        default=DEFAULT_MIN_PIXELS, metadata={"help": "Video budget: lower bound of each frame's pixels."}
-    )
-    video_max_pixels: int = field(
-        default=DEFAULT_VIDEO_MAX_PIXELS,
-        metadata={"help": f"Video budget: upper bound of each frame's pixels ({DEFAULT_VIDEO_MAX_PIXELS} = "
-                          f"{DEFAULT_VIDEO_MAX_PIXELS // 784} tokens of 28x28 pixels per 2 frames)."},
-    )  # fmt: skip
-    video_total_pixels: int | None = field(
-        default=None,
-        metadata={"help": "Video budget: bound on all frames' pixels together (qwen-vl-utils' total_pixels): a long "
-                          "video's frames are made smaller to fit it. None: no bound beyond video_max_pixels."},
     )  # fmt: skip
     rewards: list[str] = field(
         default_factory=lambda: ["clevr_count", "think_format"],
@@ -215,11 +194,6 @@ class SuzakArguments:
         for name in self.stop_signals:
             if not isinstance(getattr(signal, str(name), None), signal.Signals):
                 raise SuzakError(f"stop_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)")
-
-    def video_budget(self) -> VideoBudget:
-        """The recipe's video budget, without the model's factor (``VideoBudget.for_model`` sets it)."""
-        return VideoBudget(self.video_fps, self.video_min_frames, self.video_max_frames, self.video_min_pixels,
-                           self.video_max_pixels, self.video_total_pixels)  # fmt: skip
 
 
 def _env_overrides() -> list[str]:

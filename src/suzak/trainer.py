@@ -21,7 +21,8 @@ The budget takes the model's patch factor from the processor (:meth:`suzak.visio
 per visual token for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL/Qwen3.5). The processor gets the budget's bounds, so it
 never resizes a fitted image again, and pads on the left. Generation (HF or vLLM) never samples a vision placeholder
 token (:data:`suzak.vision.VISION_PLACEHOLDERS`, the ids the evaluation engines suppress too); with colocated vLLM,
-prompts reach vLLM with one placeholder per image.
+prompts reach vLLM with one placeholder per image and per video, and each video row's request carries its clip
+(:func:`suzak.trl_internals.vllm_requests_with_videos`).
 """
 
 from __future__ import annotations
@@ -227,8 +228,12 @@ class VLMGRPOTrainer(GRPOHooks):
         dataset = self.train_dataset
         has_images = "image" in dataset.column_names or "images" in dataset.column_names
         if self.use_vllm and VIDEO_COLUMN in dataset.column_names:
-            raise SuzakError("use_vllm with video rows: suzak's video path runs with HF generation only so far; "
-                             "set use_vllm: false")  # fmt: skip
+            if self.vllm_mode == "server":
+                raise SuzakError("use_vllm with video rows runs in vllm_mode colocate: TRL's server mode sends the "
+                                 "server image features only; set vllm_mode: colocate (or use_vllm: false)")  # fmt: skip
+            if self.args.vllm_tensor_parallel_size > 1:
+                raise SuzakError("use_vllm with video rows runs with vllm_tensor_parallel_size 1 (each rank's vLLM "
+                                 f"gets its own rows' videos), got {self.args.vllm_tensor_parallel_size}")  # fmt: skip
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:

@@ -23,6 +23,8 @@ by name, instead of somewhere in a training run:
 - :class:`SamplerGuard` / :class:`StaleSampler`: the stale-sampler guard, which scores a few of vLLM's sampled
   completions with the policy, from the batch ``_generate_and_score_completions`` returns (its ids, masks, images
   and vLLM's ``sampling_per_token_logps``), and compares;
+- :func:`vllm_requests_with_videos`: the requests TRL's colocated ``VLLMGeneration.generate`` hands ``vllm.LLM.generate``
+  (``{"prompt_token_ids", "multi_modal_data"}``, one per prompt), each given its row's video;
 - :func:`forget_vision_features_on_sync`: TRL's ``VLLMGeneration.sync_weights`` followed by vLLM's
   ``reset_encoder_cache`` (vLLM reuses an image's vision features across requests, from older weights);
 - :func:`colocated_vllm_on_cpu` / :func:`keep_vllm_cpu_weights_live`: vLLM's own internals, on its CPU platform
@@ -53,8 +55,8 @@ from trl.trainer.utils import is_async_callable
 
 from suzak import SuzakError
 from suzak.parsing import message_text
-from suzak.video import Clip, processor_kwargs
-from suzak.vision import collapse_runs, video_of
+from suzak.video import Clip, processor_kwargs, vllm_video
+from suzak.vision import collapse_runs, collapse_video_blocks, video_of
 
 __all__ = [
     "REWARD_CALL_KWARGS",
@@ -76,6 +78,7 @@ __all__ = [
     "keep_vllm_cpu_weights_live",
     "reward_call_kwargs",
     "sampling_logps",
+    "vllm_requests_with_videos",
 ]
 
 logger = logging.getLogger(__name__)
@@ -671,6 +674,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._nonfinite_said: set[str] = set()
         self.sampler_guard = SamplerGuard()
         self._video_rows: list[dict | None] | None = None  # the rows' video tensors while TRL runs the model
+        self._batch_clips: list[Clip | None] | None = None  # the rows' clips while TRL generates (vLLM takes them)
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -679,8 +683,13 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._batch_rows = self.row_names(inputs)
         prepared = self.prepare_batch(inputs)
         videos = self.video_fields(prepared)
-        with self._videos(videos):
-            output = super()._generate_and_score_completions(prepared)
+        clips = [clip if isinstance(clip := video_of(row), Clip) else None for row in prepared]
+        self._batch_clips = clips if any(clip is not None for clip in clips) else None
+        try:
+            with self._videos(videos):
+                output = super()._generate_and_score_completions(prepared)
+        finally:
+            self._batch_clips = None
         if videos is not None:
             output[VIDEO_FIELDS] = videos
         if self.model.training:
@@ -689,13 +698,25 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         return output
 
     def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
-        if self.use_vllm and self.vllm_mode == "colocate" and images is not None:
+        colocated = self.use_vllm and self.vllm_mode == "colocate"
+        if colocated and images is not None:
             # TRL hands colocated vLLM the processor-expanded prompt ids and vLLM expands every <|image_pad|> again
             # (TRL #6294): one placeholder per image instead. The server path places precomputed image features on
             # the runs of image tokens, so it keeps them expanded.
             token = self.processing_class.image_token_id
             prompt_ids = [collapse_runs(list(ids), token) for ids in prompt_ids]
-        return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
+        clips = self._batch_clips
+        if not colocated or clips is None:  # (server mode with video rows stops before step 1)
+            return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
+        # TRL's colocated call sends vLLM images only: each video row's request gets its clip, and its prompt ids
+        # with the video back to the placeholder vLLM expands itself (to the same ids: tests/test_vllm_boundary.py).
+        token = self.processing_class.tokenizer.convert_tokens_to_ids
+        start, end, pad = token("<|vision_start|>"), token("<|vision_end|>"), token("<|video_pad|>")
+        prompt_ids = [list(ids) if clip is None else collapse_video_blocks(list(ids), start, end, pad)
+                      for ids, clip in zip(prompt_ids, clips, strict=True)]  # fmt: skip
+        videos = [None if clip is None else vllm_video(clip, self.processing_class) for clip in clips]
+        with vllm_requests_with_videos(self.vllm_generation.llm, videos):
+            return super()._generate_single_turn(prompt_ids, images, *args, **kwargs)
 
     def _tokenize_prompts(self, prompts: list):
         """Prompts with video clips reach the processor as their frames, with the clips' metadata (through
@@ -835,7 +856,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         the policy's log-probability of each sampled token under vLLM's sampling rule (:func:`sampling_logps`),
         against what vLLM returned."""
         length = batch["completion_ids"].size(1)
-        with self.accelerator.autocast():
+        videos = batch.get(VIDEO_FIELDS)
+        video_token = self.processing_class.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        with self.accelerator.autocast(), (nullcontext() if videos is None else
+                                           feeding_videos(self.model, [videos[row]], video_token)):  # fmt: skip
             logits = self.model(**_row_model_inputs(batch, row), logits_to_keep=length + 1).logits[0, :-1]  # (C, V)
         bias = self.vllm_generation.generation_kwargs.get("logit_bias") or {}
         logps = sampling_logps(logits, temperature=self.temperature, logit_bias=bias, top_k=self.top_k or 0,
@@ -952,6 +976,36 @@ def _with_frames(prompt: Any) -> Any:
     return [{**m, "content": [{**p, "video": p["video"].frames} if isinstance(p, dict) and isinstance(p.get("video"), Clip)
                               else p for p in m["content"]]}
             if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in prompt]  # fmt: skip
+
+
+@contextmanager
+def vllm_requests_with_videos(llm: Any, videos: Sequence[tuple[Any, dict] | None]):
+    """Within the block, each request TRL's colocated generation hands ``llm.generate`` (one per prompt, in order:
+    ``{"prompt_token_ids": ...}`` and images in ``multi_modal_data``) gets its row's video: ``videos[i]`` is the
+    (``multi_modal_data["video"]`` item, ``mm_processor_kwargs``) pair of :func:`suzak.video.vllm_video`, or None for
+    a row without one."""
+    generate, own = llm.generate, vars(llm).get("generate")
+
+    def with_videos(prompts, *args, **kwargs):
+        if len(prompts) != len(videos):
+            raise SuzakError(f"vLLM was handed {len(prompts)} prompts for {len(videos)} rows with their videos "
+                             "(vllm_tensor_parallel_size > 1 gathers other ranks' prompts: not with video rows)")  # fmt: skip
+        requests = []
+        for prompt, video in zip(prompts, videos, strict=True):
+            if video is not None:
+                data = {**(prompt.get("multi_modal_data") or {}), "video": video[0]}
+                prompt = {**prompt, "multi_modal_data": data, "mm_processor_kwargs": video[1]}
+            requests.append(prompt)
+        return generate(requests, *args, **kwargs)
+
+    llm.generate = with_videos  # this instance only, for this block
+    try:
+        yield
+    finally:
+        if own is None:
+            del llm.generate
+        else:
+            llm.generate = own
 
 
 @contextmanager

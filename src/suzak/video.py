@@ -10,7 +10,7 @@ frames and the same number of video tokens. Qwen2.5-VL places frames in time wit
 PyAV (``av``, which qwen-vl-utils installs on every path) decodes files. An unreadable, missing or empty video is one
 :class:`~suzak.SuzakError` line that names it.
 
->>> from suzak.vision import VideoBudget, video_of
+>>> from suzak.vision import DEFAULT_MIN_PIXELS, DEFAULT_VIDEO_MAX_PIXELS, VideoBudget, video_of
 >>> budget = VideoBudget(fps=2.0, max_frames=8, max_pixels=12544, factor=28)
 >>> frames = [Image.new("RGB", (64, 48), (i, 0, 0)) for i in range(10)]
 >>> clip = read_clip(frames, budget, fps=5.0)  # 2 s at 2 fps: 4 of the 10 frames
@@ -24,7 +24,7 @@ import hashlib
 import io
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,18 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from suzak import SuzakError
-from suzak.vision import VideoBudget, video_of
+from suzak.vision import DEFAULT_MIN_PIXELS, DEFAULT_VIDEO_MAX_PIXELS, VideoBudget, video_of
 
-__all__ = ["Clip", "clip_key", "decode_file", "processor_kwargs", "read_clip", "row_clip", "video_problem"]
+__all__ = [
+    "Clip",
+    "clip_key",
+    "decode_file",
+    "processor_kwargs",
+    "read_clip",
+    "row_clip",
+    "video_problem",
+    "vllm_video",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,11 +72,67 @@ class Clip:
         return len(self.indices) / self.total_frames * self.fps
 
 
+@dataclass(kw_only=True)
+class VideoBudgetArguments:
+    """The video budget's command-line and recipe fields (``video_*``), shared by training (``SuzakArguments``) and
+    ``python -m suzak.eval``, so a checkpoint is evaluated with the flags it was trained with."""
+
+    video_fps: float = field(
+        default=2.0,
+        metadata={"help": "Video budget: frames read per second of video (qwen-vl-utils' fps), within "
+                          "video_min_frames..video_max_frames; a list of frames is read at the row's video_fps."},
+    )  # fmt: skip
+    video_min_frames: int = field(default=4, metadata={"help": "Video budget: fewest frames read from a video."})
+    video_max_frames: int = field(
+        default=16, metadata={"help": "Video budget: most frames read from a video (2 frames make one token grid)."}
+    )
+    video_min_pixels: int = field(
+        default=DEFAULT_MIN_PIXELS, metadata={"help": "Video budget: lower bound of each frame's pixels."}
+    )
+    video_max_pixels: int = field(
+        default=DEFAULT_VIDEO_MAX_PIXELS,
+        metadata={"help": f"Video budget: upper bound of each frame's pixels ({DEFAULT_VIDEO_MAX_PIXELS} = "
+                          f"{DEFAULT_VIDEO_MAX_PIXELS // 784} tokens of 28x28 pixels per 2 frames)."},
+    )  # fmt: skip
+    video_total_pixels: int | None = field(
+        default=None,
+        metadata={"help": "Video budget: bound on all frames' pixels together (qwen-vl-utils' total_pixels): a long "
+                          "video's frames are made smaller to fit it. None: no bound beyond video_max_pixels."},
+    )  # fmt: skip
+
+    def video_budget(self) -> VideoBudget:
+        """The video budget of these fields, without the model's factor (``VideoBudget.for_model`` sets it)."""
+        return VideoBudget(self.video_fps, self.video_min_frames, self.video_max_frames, self.video_min_pixels,
+                           self.video_max_pixels, self.video_total_pixels)  # fmt: skip
+
+
+# A clip's frames are sampled and fitted already: the processor (transformers', or vLLM's through it) must take them as
+# they are, and cap each frame's pixels as qwen-vl-utils does (transformers 5.17 warns that it will from v5.22).
+NO_RESAMPLING = {"do_sample_frames": False, "do_resize": False, "cap_pixels_per_frame": True}
+
+
 def processor_kwargs(clips: Sequence[Clip]) -> dict[str, Any]:
     """Keyword arguments for a processor call (or ``apply_chat_template``'s ``processor_kwargs``) on these clips, in
     the order their videos appear: their metadata, and no frame sampling or resizing of the processor's own."""
-    videos = {"do_sample_frames": False, "do_resize": False, "cap_pixels_per_frame": True}
-    return {"video_metadata": [clip.metadata() for clip in clips], "videos_kwargs": videos}
+    return {"video_metadata": [clip.metadata() for clip in clips], "videos_kwargs": dict(NO_RESAMPLING)}
+
+
+def vllm_video(clip: Clip, processor: Any) -> tuple[Any, dict[str, Any]]:
+    """(the ``multi_modal_data["video"]`` item, the request's ``mm_processor_kwargs``) that make vLLM 0.24's
+    processor read ``clip`` as :func:`processor_kwargs` makes transformers read it: the same frames, no sampling or
+    resizing of its own, and the same times.
+
+    Qwen3-VL and Qwen3.5 (``Qwen3VLProcessor``) write timestamps from the clip's metadata, which vLLM takes beside the
+    frames. For Qwen2-VL and Qwen2.5-VL vLLM drops metadata given that way, and Qwen2.5-VL's M-RoPE would place the
+    frames at transformers' default 24 fps (``second_per_grid_ts`` 2/24 instead of 2/sampled fps); given as the
+    processor's ``video_metadata`` it reaches transformers.
+    """
+    from transformers import Qwen3VLProcessor
+
+    videos = dict(NO_RESAMPLING)
+    if isinstance(processor, Qwen3VLProcessor):
+        return (clip.frames, clip.metadata() | {"do_sample_frames": False}), videos
+    return clip.frames, videos | {"video_metadata": [clip.metadata()]}
 
 
 def clip_key(source: Any, fps: float | None = None) -> Any:

@@ -548,6 +548,45 @@ def collapse_runs(ids: list[int], token_id: int) -> list[int]:
     return [t for i, t in enumerate(ids) if t != token_id or i == 0 or ids[i - 1] != token_id]
 
 
+def collapse_video_blocks(ids: list[int], start: int, end: int, video: int) -> list[int]:
+    """Processor-expanded prompt ids with each video back to the placeholder vLLM 0.24 expands itself.
+
+    ``start``/``end`` are ``<|vision_start|>``/``<|vision_end|>``, ``video`` is ``<|video_pad|>``. Qwen2-VL and
+    Qwen2.5-VL expand a video to ``start, video × n, end``: it becomes ``start, video, end`` and vLLM expands the
+    ``video`` token. Qwen3-VL and Qwen3.5 (transformers 5.x) keep the template's ``start … end`` around one
+    ``<t seconds> start, video × n, end`` block per pair of frames: it becomes ``start, start, video, end, end``, and
+    vLLM replaces the inner ``start, video, end`` with its blocks (it replaces that whole string, transformers only
+    the ``video`` token: vllm-project/vllm#46817), so both give the same ids. Image blocks are left as they are.
+
+    >>> collapse_video_blocks([1, 8, 5, 5, 5, 9, 2], 8, 9, 5)  # Qwen2.5-VL
+    [1, 8, 5, 9, 2]
+    >>> collapse_video_blocks([1, 8, 3, 8, 5, 5, 9, 4, 8, 5, 5, 9, 9, 2], 8, 9, 5)  # Qwen3-VL: timestamps 3 and 4
+    [1, 8, 8, 5, 9, 9, 2]
+    >>> collapse_video_blocks([1, 8, 6, 6, 9, 2], 8, 9, 5)  # an image (6) is not touched
+    [1, 8, 6, 6, 9, 2]
+    """
+    out: list[int] = []
+    i = 0
+    while i < len(ids):
+        if ids[i] != start:
+            out.append(ids[i])
+            i += 1
+            continue
+        depth, j = 0, i
+        while j < len(ids):  # the matching end, counting nested blocks
+            depth += (ids[j] == start) - (ids[j] == end)
+            if depth == 0:
+                break
+            j += 1
+        inner = ids[i + 1 : j]
+        if video not in inner:
+            out += ids[i : j + 1]
+        else:
+            out += [start, start, video, end, end] if start in inner else [start, video, end]
+        i = j + 1
+    return out
+
+
 def prompt_tokens(tokenizer: Any, text: str, images: list[Image.Image], budget: PixelBudget) -> int:
     """Tokens of a rendered prompt once each image placeholder (one ``<|image_pad|>``) becomes its visual tokens."""
     text_ids = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -28,16 +28,16 @@ from tqdm.auto import tqdm
 
 from suzak import SuzakError
 from suzak.prompts import template_opening
-from suzak.video import Clip, processor_kwargs, row_clip
+from suzak.video import Clip, processor_kwargs, row_clip, vllm_video
 from suzak.vision import (
     VISION_PLACEHOLDERS,
     PixelBudget,
     VideoBudget,
+    collapse_video_blocks,
     configure_processor,
     images_of,
     pad_left,
     prompt_tokens,
-    video_of,
     vision_token_ids,
 )
 
@@ -227,11 +227,12 @@ class VLLMEngine(_BatchedEngine):
 
     def __init__(self, model_path: str, processing_class: Any, budget: PixelBudget | None = None,
                  batch_size: int = 64, max_new_tokens: int = 256, *, max_images_per_prompt: int = 1,
-                 repetition_penalty: float = 1.0, vllm_module: Any = None, progress: bool = True,
-                 **llm_kwargs):  # fmt: skip
+                 max_videos_per_prompt: int = 0, repetition_penalty: float = 1.0, vllm_module: Any = None,
+                 progress: bool = True, **llm_kwargs):  # fmt: skip
         super().__init__(processing_class, budget, batch_size, max_new_tokens, progress)
         self.model_path = model_path
         self.max_images_per_prompt = max_images_per_prompt
+        self.max_videos_per_prompt = max_videos_per_prompt
         self.repetition_penalty = repetition_penalty
         self.llm_kwargs = llm_kwargs
         self._vllm_module = vllm_module
@@ -252,8 +253,10 @@ class VLLMEngine(_BatchedEngine):
         its visual tokens equal the HF engine's (tests/test_vllm_boundary.py checks this against vLLM).
         """
         kwargs: dict[str, Any] = {"model": self.model_path}
-        if self.max_images_per_prompt > 0:  # text-only runs pass no multimodal settings
-            kwargs["limit_mm_per_prompt"] = {"image": self.max_images_per_prompt}
+        limits = {"image": self.max_images_per_prompt, "video": self.max_videos_per_prompt}
+        if any(limits.values()):  # text-only runs pass no multimodal settings
+            kwargs["limit_mm_per_prompt"] = {modality: count for modality, count in limits.items() if count}
+        if self.max_images_per_prompt > 0:  # (a video request carries its own processor settings)
             kwargs["mm_processor_kwargs"] = {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels}
         return kwargs | self.llm_kwargs
 
@@ -274,11 +277,25 @@ class VLLMEngine(_BatchedEngine):
         return self._llm
 
     def request(self, row: dict, prompt: str | None = None) -> dict:
-        """vLLM's input for a row: the rendered prompt and its fitted images."""
-        if video_of(row) is not None:
-            raise SuzakError("--engine vllm with video rows: suzak's video evaluation runs on --engine hf so far")
+        """vLLM's input for a row: the rendered prompt and its fitted images; for a video row, the prompt ids the HF
+        engine feeds the model with the video back to vLLM's placeholder (:func:`suzak.vision.collapse_video_blocks`)
+        and the clip as vLLM's processor must read it (:func:`suzak.video.vllm_video`)."""
+        text = self.prompt_text(row) if prompt is None else prompt
+        clip = self.clip(row)
+        if clip is not None:
+            if images_of(row):
+                raise SuzakError("a row with images and a video: suzak evaluates rows with one or the other")
+            ids = self.processing_class(text=[text], videos=[clip.frames], **processor_kwargs([clip]))["input_ids"][0]
+            token = _tokenizer(self.processing_class).convert_tokens_to_ids
+            video, kwargs = vllm_video(clip, self.processing_class)
+            return {
+                "prompt_token_ids": collapse_video_blocks(list(ids), token("<|vision_start|>"),
+                                                          token("<|vision_end|>"), token("<|video_pad|>")),
+                "multi_modal_data": {"video": video},
+                "mm_processor_kwargs": kwargs,
+            }  # fmt: skip
         images = self.fitted_images(row)
-        request: dict[str, Any] = {"prompt": self.prompt_text(row) if prompt is None else prompt}
+        request: dict[str, Any] = {"prompt": text}
         if images:
             request["multi_modal_data"] = {"image": images}
         return request

@@ -30,6 +30,7 @@ from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
     SCORING_RULES,
     TASKS,
+    VIDEO_TASKS,
     EvalItem,
     Task,
     get_task,
@@ -39,6 +40,7 @@ from suzak.eval.tasks import (
     resolve_template,
     score_rules,
 )
+from suzak.video import VideoBudgetArguments
 from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget
 
 __all__ = [
@@ -59,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(VideoBudgetArguments):
     """Everything one evaluation needs; ``None`` means the task's R1-V default (``suzak.eval.tasks.TASKS``).
 
     The command line (``python -m suzak.eval``, R1-V's scripts) is generated from these fields by
@@ -97,8 +99,9 @@ class EvalConfig:
                 "the summary)"})  # fmt: skip
     fresh: bool = field(default=False, metadata={
         "help": "discard partial results of an earlier run instead of resuming"})  # fmt: skip
-    num_rows: int = field(default=200, metadata={"help": "clevr_synthetic: scenes to draw"})
-    data_seed: int = field(default=CLEVR_HELDOUT_SEED, metadata={"help": "clevr_synthetic: scene seed (held out)"})
+    num_rows: int = field(default=200, metadata={"help": "clevr_synthetic, moving_ball: scenes or clips to draw"})
+    data_seed: int = field(default=CLEVR_HELDOUT_SEED, metadata={
+        "help": "clevr_synthetic, moving_ball: the seed they are drawn with (held out from training's)"})  # fmt: skip
     dtype: str | None = field(default=None, metadata={
         "help": "model dtype, on either engine (default: bfloat16 on a GPU, float32 on the CPU)"})  # fmt: skip
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: GPUs per model"})
@@ -147,6 +150,10 @@ class EvalConfig:
             raise SuzakError("--load_in_4bit and --load_in_8bit are both set: pick one bit width")
         if self.limit is not None and self.limit < 1:
             raise SuzakError(f"--limit must be >= 1, got {self.limit}")
+        try:
+            self.video_budget()
+        except ValueError as error:
+            raise SuzakError(f"video budget: {error} (the --video_* flags)") from None
 
 
 @dataclass
@@ -292,6 +299,8 @@ def engine_row(item: EvalItem) -> dict:
     """The generation input of an item (images loaded), in the data builders' row form."""
     images = [_load_image(source) for source in item.images]
     row: dict[str, Any] = {"prompt": item.prompt}
+    if item.video is not None:
+        row |= {"video": item.video, "video_fps": item.video_fps}
     if len(images) == 1:
         row["image"] = images[0]
     elif images:
@@ -330,6 +339,7 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
         _warn_budget(config.model_path, saved_budget(processing_class), budget)
         engine = HFEngine(model, processing_class, budget, batch_size, max_new_tokens, progress=progress)
         engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
+        engine.use_video_budget(config.video_budget())
         return engine
     if state.num_processes > 1:
         raise SuzakError("--engine vllm runs as one process: use --tensor_parallel_size instead of torchrun")
@@ -344,9 +354,11 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
         repetition_penalty = 1.0
     engine = VLLMEngine(path, processing_class, budget, batch_size, max_new_tokens,
                         max_images_per_prompt=max((len(i.images) for i in items), default=0),
+                        max_videos_per_prompt=int(any(i.video is not None for i in items)),
                         repetition_penalty=repetition_penalty, vllm_module=vllm_module, progress=progress,
                         tensor_parallel_size=config.tensor_parallel_size, dtype=eval_dtype(config.dtype))  # fmt: skip
     engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
+    engine.use_video_budget(config.video_budget())
     return engine
 
 
@@ -433,6 +445,11 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget) -> dict:
         template["quantization"] = f"{config.bnb_4bit_quant_type} 4-bit" if config.load_in_4bit else "8-bit"
     if config.opening_in_completion:
         template["opening_in_completion"] = True
+    if task.name in VIDEO_TASKS:  # the video budget decides the frames every answer saw
+        video = config.video_budget()
+        template["video"] = (f"fps {video.fps:g}, {video.min_frames}-{video.max_frames} frames, "
+                             f"{video.min_pixels}-{video.max_pixels} pixels a frame"
+                             + (f", {video.total_pixels} in all" if video.total_pixels else ""))  # fmt: skip
     return template | {
         "task": task.name,
         "model": config.model_path,

@@ -36,6 +36,7 @@ from suzak.parsing import (
     parse_count,
     parse_gsm8k_answer,
     parse_int_answer,
+    parse_word,
     r1v_count,
     r1v_math_verify,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "SCORERS",
     "SCORING_RULES",
     "TASKS",
+    "VIDEO_TASKS",
     "EvalItem",
     "Scorer",
     "Task",
@@ -131,6 +133,15 @@ def _score_gsm8k(output: str, gold) -> tuple[str | None, bool]:
     return (None if answer is None else str(answer)), correct
 
 
+def _score_word(output: str, gold) -> tuple[str | None, bool]:
+    """The whole output as one word (``word_match``'s parser with ``plain`` answers), equal to the gold word."""
+    expected = parse_word(gold_answer(gold))
+    if expected is None:
+        raise ValueError(f"gold answer {gold!r:.100} is not one word")
+    answer = parse_word(output)
+    return answer, answer == expected
+
+
 SCORERS: dict[str, Scorer] = {
     s.name: s
     for s in (
@@ -139,6 +150,7 @@ SCORERS: dict[str, Scorer] = {
         Scorer("math", "strict", "math_accuracy", _score_math),
         Scorer("r1v_math", "r1v", None, _score_r1v_math),
         Scorer("gsm8k", "strict", "gsm8k_accuracy", _score_gsm8k),
+        Scorer("word", "strict", "word_match", _score_word),
     )
 }
 
@@ -157,6 +169,8 @@ class EvalItem:
     gold: Any
     images: tuple = ()
     source: str | None = None  # "file:line" of the input line, when the items come from a file
+    video: Any = None  # a video file path, a list of frames or a (T, H, W, 3) array, read to the video budget
+    video_fps: float | None = None  # the frame rate of a list or array of frames
 
     def where(self) -> str:
         return self.source or f"item {self.index}"
@@ -241,7 +255,10 @@ class Task:
 
 
 # Why a task lacks a rule, said where the rule is refused.
-_NO_RULE = {("gsm8k", "r1v"): "R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce"}
+_NO_RULE = {
+    ("gsm8k", "r1v"): "R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce",
+    ("moving_ball", "r1v"): "R1-V has no video task, so there is no R1-V rule to reproduce",
+}
 
 
 def _r1v_items(prompt_path: str, *, image_root: str | None, template: str, **_unused) -> list[EvalItem]:
@@ -284,6 +301,22 @@ def _clevr_items(prompt_path: str | None, *, template: str, num_rows: int, data_
     return items
 
 
+def _moving_ball_items(prompt_path: str | None, *, template: str, num_rows: int, data_seed: int,
+                       **_unused) -> list[EvalItem]:  # fmt: skip
+    """Held-out procedural clips of a ball moving left or right (``recipes/video_smoke.yaml``'s task), drawn with
+    ``data_seed`` (training draws with small seeds)."""
+    from suzak.data.motion import moving_ball
+
+    items = []
+    for row in moving_ball(num_rows, seed=data_seed, template=template):
+        question = row["prompt"][-1]["content"][-1]["text"]
+        record = {"seed": data_seed, "index": row["index"], "question": question, "ground_truth": row["solution"]}
+        key = _item_key(len(items), f"{question} {data_seed}:{row['index']}", [])
+        items.append(EvalItem(len(items), key, record, row["prompt"], row["solution"], video=row["video"],
+                              video_fps=row["video_fps"]))  # fmt: skip
+    return items
+
+
 _COUNT_RULES = {"r1v": "r1v_count", "strict": "count"}  # clevr_synthetic asks R1-V's question: R1-V's rule applies
 TASKS: dict[str, Task] = {
     t.name: t
@@ -296,8 +329,13 @@ TASKS: dict[str, Task] = {
              "GSM8K test, 1319 questions (text)"),
         Task("clevr_synthetic", _clevr_items, _COUNT_RULES, "r1v", "r1v", None, 32, 256,
              "held-out procedural CLEVR counting scenes"),
+        Task("moving_ball", _moving_ball_items, {"strict": "word"}, "plain", "plain", None, 32, 8,
+             "held-out procedural video: which way does the ball move? (left or right)"),
     )
 }  # fmt: skip
+
+
+VIDEO_TASKS = ("moving_ball",)  # tasks whose items are videos, read to the --video_* budget
 
 
 def get_task(name: str) -> Task:
