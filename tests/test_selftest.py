@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -94,6 +95,50 @@ def test_config_takes_task_defaults():
     assert SelfTestConfig(family="qwen3_vl", steps=9, learning_rate=1e-3).learning_rate == 1e-3
     with pytest.raises(ValueError, match="unknown model family 'qwen4_vl'; known: qwen2_vl, qwen2_5_vl, qwen3_vl"):
         SelfTestConfig(family="qwen4_vl")
+    # the video task's group shape and answer prior (docs/selftest.md: without them seed 0 waited 150+ steps)
+    video = SelfTestConfig(task="video")
+    assert (video.prompts_per_step, video.generations, video.steps, TASKS["video"].prior_steps) == (8, 16, 150, 30)
+    assert (SelfTestConfig().prompts_per_step, SelfTestConfig().generations) == (16, 8)
+    assert SelfTestConfig(task="video", family="qwen3_vl").steps == 150
+    assert SelfTestConfig(task="video", generations=4).generations == 4
+
+
+def test_video_answer_prior_teaches_colour_words_and_nothing_about_the_frames(tiny_model_dir):
+    """The prior's steps on clips that stay grey move the first answer token toward the colour words (from 0.026 of
+    its probability to 0.126), either as likely, with nothing yet to tell a clip that turns red from one that turns
+    blue."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from suzak.eval.engine import HFEngine
+    from suzak.selftest import _answer_ids, _video_answer_prior, video_dataset
+    from suzak.vision import PixelBudget, VideoBudget
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    budget = PixelBudget(56 * 56, 56 * 56).for_model(processor)
+    video_budget = VideoBudget(fps=4.0, min_frames=4, max_frames=4, min_pixels=56 * 56, max_pixels=56 * 56)
+    engine = HFEngine(model, processor, budget, batch_size=16, max_new_tokens=1, progress=False)
+    engine.use_video_budget(video_budget)
+    rows = list(video_dataset(16, seed=5))
+    ids = _answer_ids(processor.tokenizer)
+
+    def colour_probs():
+        with torch.no_grad():
+            probs = model(**engine.encode(rows)).logits[:, -1].softmax(-1)
+        return probs[:, ids["red"]], probs[:, ids["blue"]]
+
+    red, blue = colour_probs()
+    assert (red + blue).mean() < 0.05  # the random-init model: two tokens of ~600
+    torch.manual_seed(0)
+    _video_answer_prior(SelfTestConfig(task="video", seed=1), model, processor, budget, video_budget)
+    red, blue = colour_probs()
+    assert (red + blue).mean() > 0.1  # 0.126 after the task's 30 steps: a lean toward the answers, not a habit
+    assert abs(red.mean() - blue.mean()) < 0.1 * (red + blue).mean()  # neither colour took over
+    lean = {colour: [float(r - b) for r, b, row in zip(red, blue, rows, strict=True) if row["solution"] == colour]
+            for colour in COLORS}  # fmt: skip
+    # the clips' own colours are not read yet: the lean does not tell a red clip from a blue one
+    assert abs(statistics.fmean(lean["red"]) - statistics.fmean(lean["blue"])) < 0.01
 
 
 def test_first_token_reward_is_zero_one():

@@ -231,6 +231,20 @@ def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
+def test_video_selftest_passes_with_vllm(vllm_env, tmp_path):
+    """The video path learns through the frames with vLLM generating (each row's clip in its request): tiny Qwen3-VL
+    (vLLM's CPU build runs Qwen2/2.5-VL clips of several frame pairs ~1e-4 off the policy: docs/video.md)."""
+    report = tmp_path / "selftest.json"
+    run_ok([sys.executable, "-m", "suzak.selftest", "--task", "video", "--family", "qwen3_vl", "--vllm", "--json",
+            str(report)], vllm_env, timeout=1200)  # fmt: skip
+    summary = json.loads(report.read_text())
+    assert summary["passed"] and summary["detail"]["generation"] == "vllm"
+    assert summary["aligned_accuracy"] >= 0.9 and 0.3 <= summary["control_accuracy"] <= 0.7
+    assert summary["heldout_accuracy"] >= 0.9 and summary["detail"]["heldout"]["shuffled"] < 0.7
+    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 141 of each run
+    assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
+
+
 # --- evaluation: the two engines on one checkpoint -------------------------------------------------------------------
 
 
