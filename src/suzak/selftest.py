@@ -366,8 +366,7 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
     trainer.train()
 
 
-def _video_answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget, video_budget: VideoBudget,
-                        steps: int | None = None):  # fmt: skip
+def _video_answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget, video_budget: VideoBudget):
     """Video only: :func:`_answer_prior`'s starting point for "What color does the ball turn?": a red or blue answer
     at random to clips of a ball that stays grey, so the model leans toward the colour words (0.13 of the first
     token's probability after the task's 30 steps, split evenly) and knows nothing about the frames yet.
@@ -380,7 +379,7 @@ def _video_answer_prior(config: SelfTestConfig, model, processor, budget: PixelB
 
     from suzak.eval.engine import HFEngine
 
-    batch, steps = 32, config.spec.prior_steps if steps is None else steps
+    batch, steps = 32, config.spec.prior_steps
     width = config.spec.image_size(budget.factor)[0]
     rows = list(video_dataset(steps * batch, config.seed + 20_000, "grey", width, config.spec.video_frames))
     words = np.random.default_rng(config.seed + 20_000).choice(sorted(COLORS), len(rows))
