@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -255,6 +256,22 @@ def test_vllm_selftest_needs_vllm_and_configures_colocate(tmp_path):
     settings = _vllm_settings(SelfTestConfig(device="cuda", vllm=True))
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **settings)  # GRPOConfig's own field names
     assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.15)
+
+
+def test_conditions_with_vllm_meet_on_ports_of_their_own(monkeypatch):
+    """Two conditions with vLLM train at once on the CPU, each with its own colocated engine: TRL's choice of a
+    rendezvous port (the first free of 29500, ...) made by both at the same moment gave both 29500 (EADDRINUSE), so
+    each gets a distinct free port from the caller, also over a MASTER_PORT already in the environment."""
+    from suzak import selftest
+
+    ports = selftest._free_ports(2)
+    assert len(set(ports)) == 2 and all(1024 <= port <= 65535 for port in ports)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setattr(selftest, "_train", lambda *args: (os.environ["MASTER_PORT"], args))
+    assert selftest._train_on_port(ports[1], "config", "model", "shuffled") == (str(ports[1]), ("config", "model",
+                                                                                                "shuffled"))  # fmt: skip
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert selftest._train_on_port(None, "config")[0] == "29500"  # HF generation: no group, the environment as is
 
 
 @pytest.mark.slow

@@ -461,14 +461,38 @@ def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, outp
         return pool.submit(_train, config, model_dir, images, output_dir).result()
 
 
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports, held together while the OS picks them."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _train_on_port(port: int | None, *args):
+    """``_train`` in a condition's process; with vLLM, TRL's colocate group meets on ``port``: TRL's own choice (the
+    first free of 29500, 23456, ...) is made by both processes at once and gives both the same port."""
+    if port is not None:
+        os.environ["MASTER_PORT"] = str(port)
+    return _train(*args)
+
+
 def _train_conditions(config: SelfTestConfig, model_dir: Path, conditions: tuple[str, ...], tmp: Path) -> dict:
-    """``_train_in_process`` for each condition; on the CPU with HF generation the conditions run at once, each in its
-    own process on its share of the cores: the tiny model's small matrices keep two threads of one run far from twice
-    one thread's speed (the colour self-test on 2 cores: 75 s per condition one after the other, 91 s for both at
-    once). The runs are the same up to the order of float sums, so their curves match one after the other's to the
-    noise of sampling."""
+    """``_train_in_process`` for each condition; on the CPU the conditions run at once, each in its own process on its
+    share of the cores: the tiny model's small matrices keep two threads of one run far from twice one thread's speed
+    (the colour self-test on 2 cores: 75 s per condition one after the other, 91 s for both at once). With vLLM's CPU
+    build each process holds its own colocated engine (a port each for TRL's one-process group; in colocate mode
+    vLLM binds no threads, so each keeps its share) and ends with its run. The runs are the same up to the order of
+    float sums, so their curves match one after the other's to the noise of sampling. On a GPU they run one after the
+    other (one device)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if config.vllm or config.device != "cpu" or len(conditions) < 2 or cores < 2:
+    if config.device != "cpu" or len(conditions) < 2 or cores < 2:
         return {images: _train_in_process(config, model_dir, images, tmp / images) for images in conditions}
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -476,9 +500,11 @@ def _train_conditions(config: SelfTestConfig, model_dir: Path, conditions: tuple
     import torch
 
     threads = max(1, cores // len(conditions))
-    with ProcessPoolExecutor(len(conditions), mp_context=multiprocessing.get_context("spawn"),
+    ports = _free_ports(len(conditions)) if config.vllm else [None] * len(conditions)
+    with ProcessPoolExecutor(len(conditions), mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1,
                              initializer=torch.set_num_threads, initargs=(threads,)) as pool:  # fmt: skip
-        runs = {images: pool.submit(_train, config, model_dir, images, tmp / images) for images in conditions}
+        runs = {images: pool.submit(_train_on_port, port, config, model_dir, images, tmp / images)
+                for images, port in zip(conditions, ports, strict=True)}  # fmt: skip
         return {images: run.result() for images, run in runs.items()}
 
 
