@@ -15,12 +15,17 @@ What it pins down, on the tiny model (and the tiny Qwen2-VL, Qwen3-VL and Qwen3.
 
 from __future__ import annotations
 
+import inspect
+from types import MethodType, SimpleNamespace
+
 import pytest
+import torch
 from PIL import Image
-from transformers import AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from suzak.data.motion import moving_ball
 from suzak.eval.engine import HFEngine, VLLMEngine
+from suzak.models.positions import use_qwen_video_positions
 from suzak.prompts import build_conversation, render_prompt
 from suzak.trl_internals import _with_frames
 from suzak.video import processor_kwargs, row_clip, vllm_video
@@ -172,13 +177,33 @@ def _clip_rows():
     return [row for size in (50, 56, 90) for row in moving_ball(2, seed=size, size=size)]
 
 
+def _vllm_positions(path, processed) -> torch.Tensor:
+    """The M-RoPE positions vLLM runs a processed request at: its model class's own method on the checkpoint's
+    config."""
+    from vllm.model_executor.models import qwen2_5_vl, qwen2_vl, qwen3_vl
+
+    config = AutoConfig.from_pretrained(path)
+    cls = {"qwen2_vl": qwen2_vl.Qwen2VLForConditionalGeneration, "qwen3_vl": qwen3_vl.Qwen3VLForConditionalGeneration,
+           "qwen2_5_vl": qwen2_5_vl.Qwen2_5_VLForConditionalGeneration}[config.model_type]  # fmt: skip
+    model = SimpleNamespace(config=config)
+    for name in ("iter_mm_grid_thw", "_get_mrope_input_positions"):  # what the method calls on its model
+        if hasattr(cls, name):
+            static = isinstance(inspect.getattr_static(cls, name), staticmethod)
+            setattr(model, name, getattr(cls, name) if static else MethodType(getattr(cls, name), model))
+    positions, _ = cls.get_mrope_input_positions(model, list(processed.prompt_token_ids), processed.mm_features)
+    return positions
+
+
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_video_prompts_reach_vllm_as_training_and_the_hf_engine_build_them(input_processor, family_model_dir, family):
     """Training (TRL's processor call on the clip, collapsed by the trainer, the clip as ``vllm_video`` hands it)
     and evaluation (``VLLMEngine.request``) both reach vLLM's own processor and come out as exactly the prompt ids
-    the policy and the HF engine run, with Qwen2.5-VL's ``second_per_grid_ts`` (the frames' place in time) equal."""
+    the policy and the HF engine run, with Qwen2.5-VL's ``second_per_grid_ts`` (the frames' place in time) equal, and
+    vLLM places every token where the policy does (suzak.models.positions)."""
     path = family_model_dir(family)
     processor = AutoProcessor.from_pretrained(path)
+    use_qwen_video_positions()
+    policy = AutoModelForImageTextToText.from_pretrained(path).model
     tokens = processor.tokenizer.convert_tokens_to_ids
     marks = tokens("<|vision_start|>"), tokens("<|vision_end|>"), tokens("<|video_pad|>")
     colocate = input_processor(model=str(path))  # as TRL starts it: no processor settings
@@ -202,6 +227,9 @@ def test_video_prompts_reach_vllm_as_training_and_the_hf_engine_build_them(input
                    "mm_processor_kwargs": kwargs}  # fmt: skip
         processed = _processed(colocate, request, params, f"t{i}")
         assert list(processed.prompt_token_ids) == ids
+        index = {k: training[k] for k in ("input_ids", "mm_token_type_ids", "video_grid_thw", "second_per_grid_ts",
+                                          "attention_mask") if k in training}  # fmt: skip
+        assert torch.equal(policy.get_rope_index(**index)[0][:, 0], _vllm_positions(path, processed))
         if "second_per_grid_ts" in training:
             ran = processed.mm_features[0].data["second_per_grid_ts"].data.float()
             assert [ran.item()] == [float(t) for t in training["second_per_grid_ts"]]

@@ -39,6 +39,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from suzak import SuzakError
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
+from suzak.models.positions import use_qwen_video_positions
 from suzak.prompts import template_opening
 from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
@@ -122,6 +123,7 @@ class VLMGRPOTrainer(GRPOHooks):
         opening_in_completion: bool = False,
         **kwargs,
     ):
+        use_qwen_video_positions()  # before TRL loads a reference model
         super().__init__(*args, **kwargs)
         self.sampler_guard = sampler_guard or self.sampler_guard
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)

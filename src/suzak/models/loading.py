@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from suzak import SuzakError
+from suzak.models.positions import use_qwen_video_positions
 from suzak.vision import PixelBudget, patch_factor, vision_family
 
 __all__ = [
@@ -297,6 +298,8 @@ def load_model_and_processor(model_args, training_args, *, quantize_vision_tower
     quantization = quantization_config(model_args, kwargs["dtype"], quantize_vision_tower=quantize_vision_tower)
     if quantization is not None:
         kwargs |= {"quantization_config": quantization, "device_map": _device_map(training_args)}
+    if is_vlm:
+        use_qwen_video_positions()
     with offline_unless_reachable():
         if is_vlm:
             model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
