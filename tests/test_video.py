@@ -97,6 +97,21 @@ def test_a_file_a_frame_list_and_frame_files_read_to_the_same_clip(tmp_path):
     assert from_file.fps == 8.0 and from_file.total_frames == 16 and from_file.sampled_fps == 4.0
 
 
+@pytest.mark.parametrize("fps", [2.67, 1.78, 3.0, 29.97])
+def test_a_clips_frame_pairs_last_seconds_that_bfloat16_holds_exactly(family_model_dir, fps):
+    """The processor's ``second_per_grid_ts`` for a clip is the same number in float32 (the policy) and bfloat16
+    (vLLM's copy on a GPU), within 0.4% of the true 2 / fps, so both floor Qwen2.5-VL's time positions alike."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(family_model_dir("qwen2_5_vl"))
+    budget = VideoBudget(fps=fps, min_frames=8, max_frames=8, max_pixels=3136).for_model(processor)
+    clip = read_clip(_frames(8), budget, fps=fps)
+    out = processor(text=[processor.video_token], videos=[clip.frames], return_tensors="pt", **processor_kwargs([clip]))
+    seconds = out["second_per_grid_ts"]
+    assert seconds.dtype == torch.float32 and torch.equal(seconds.to(torch.bfloat16).float(), seconds)
+    assert seconds.item() == pytest.approx(2 / fps, rel=4e-3) and clip.sampled_fps == pytest.approx(fps, rel=4e-3)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

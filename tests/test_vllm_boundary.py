@@ -237,6 +237,31 @@ def test_video_prompts_reach_vllm_as_training_and_the_hf_engine_build_them(input
         assert list(evaluated.prompt_token_ids) == hf.encode([row])["input_ids"][0].tolist()
 
 
+def test_a_bfloat16_vllm_puts_frame_pairs_where_the_float32_policy_does(input_processor, family_model_dir):
+    """vLLM keeps ``second_per_grid_ts`` in the model's dtype. At 2.67 fps a frame pair lasts 0.749 s, which bfloat16
+    rounds to 0.75 (pairs at 0, 3, 6, 9 with the tiny model's 4 tokens a second, against float32's 0, 2, 5, 8); the
+    clip's rate, nudged to a bfloat16-exact pair (suzak.video.Clip.sampled_fps), gives both the same positions."""
+    path = family_model_dir("qwen2_5_vl")
+    processor = AutoProcessor.from_pretrained(path)
+    use_qwen_video_positions()
+    policy = AutoModelForImageTextToText.from_pretrained(path).model
+    budget = VideoBudget(fps=2.67, min_frames=8, max_frames=8, max_pixels=3136).for_model(processor)
+    clip = row_clip(moving_ball(1, seed=0, fps=2.67)[0], budget)
+    training = processor(text=[processor.video_token], videos=[clip.frames], return_tensors="pt",
+                         **processor_kwargs([clip]))  # fmt: skip
+    ids = training["input_ids"][0].tolist()
+    video, kwargs = vllm_video(clip, processor)
+    request = {"prompt_token_ids": collapse_runs(ids, ids[0]), "multi_modal_data": {"video": video},
+               "mm_processor_kwargs": kwargs}  # fmt: skip
+    bfloat16 = input_processor(model=str(path), dtype="bfloat16")
+    processed = _processed(bfloat16, request, vllm.SamplingParams(max_tokens=4))
+    assert processed.mm_features[0].data["second_per_grid_ts"].data.dtype == torch.bfloat16
+    index = {k: training[k] for k in ("input_ids", "mm_token_type_ids", "video_grid_thw", "second_per_grid_ts")}
+    positions = policy.get_rope_index(**index)[0][:, 0]
+    assert positions[0].unique().tolist() == [0, 3, 6, 9]
+    assert torch.equal(positions, _vllm_positions(path, processed))
+
+
 def test_qwen2_5_vl_places_frames_in_time_only_from_the_processors_video_metadata(input_processor, family_model_dir):
     """Why ``vllm_video`` sends Qwen2.5-VL's clip metadata as the processor's ``video_metadata``: given beside the
     frames (as Qwen3-VL takes it) vLLM drops it, and transformers then assumes 24 fps."""

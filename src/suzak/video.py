@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,19 @@ __all__ = [
 ]
 
 
+FRAME_PAIR = 2  # frames per temporal patch (``temporal_patch_size``) of every Qwen VL family
+
+
+def _bfloat16_exact(value: float) -> float:
+    """``value`` rounded to the nearest number bfloat16 holds exactly (8 significant bits).
+
+    >>> _bfloat16_exact(0.5), _bfloat16_exact(2 / 2.67), _bfloat16_exact(2 / 3)
+    (0.5, 0.75, 0.66796875)
+    """
+    mantissa, exponent = math.frexp(value)
+    return math.ldexp(round(mantissa * 256) / 256, exponent)
+
+
 @dataclass(frozen=True, eq=False)
 class Clip:
     """The frames of one video as every consumer sees them, and where they came from.
@@ -61,15 +75,28 @@ class Clip:
     source: str = "a video"
 
     def metadata(self) -> dict[str, Any]:
-        """transformers' ``VideoMetadata`` fields of the clip (its ``sampled_fps`` follows from them)."""
+        """transformers' ``VideoMetadata`` fields of the clip: ``sampled_fps`` follows from them (its ``fps`` is the
+        source's, nudged as :attr:`sampled_fps` says)."""
         _, height, width, _ = self.frames.shape
-        return {"fps": self.fps, "frames_indices": list(self.indices), "total_num_frames": self.total_frames,
+        fps = self.sampled_fps * self.total_frames / len(self.indices)
+        return {"fps": fps, "frames_indices": list(self.indices), "total_num_frames": self.total_frames,
                 "height": height, "width": width}  # fmt: skip
 
     @property
     def sampled_fps(self) -> float:
-        """Frames per second of the clip itself: how far apart in time its frames are."""
-        return len(self.indices) / self.total_frames * self.fps
+        """Frames per second of the clip itself, how far apart in time its frames are, as every consumer is told:
+        nudged (by at most 0.4%) so that a frame pair lasts a number of seconds that bfloat16 holds exactly.
+
+        Qwen2.5-VL places frame pair ``k`` at time position ``floor(k * second_per_grid_ts * tokens_per_second)``.
+        vLLM keeps ``second_per_grid_ts`` in the model's dtype (bf16 on a GPU) and the policy in float32, so for an
+        arbitrary rate the two can floor to different positions (a third of 16-frame clips of 2-120 s have such a
+        pair at Qwen2.5-VL's 2 tokens a second); with exact seconds every engine gets the same positions.
+
+        >>> Clip(np.zeros((8, 28, 28, 3), np.uint8), fps=2.67, indices=tuple(range(8)), total_frames=8).sampled_fps
+        2.6666666666666665
+        """
+        exact = len(self.indices) / self.total_frames * self.fps
+        return FRAME_PAIR / _bfloat16_exact(FRAME_PAIR / exact)
 
 
 @dataclass(kw_only=True)
