@@ -61,14 +61,6 @@ def test_qwen2_vl_steps_one_time_position_per_frame_pair_and_images_are_one_step
     assert deltas.tolist() == [[9 - 11]]
 
 
-@pytest.fixture(scope="module")
-def model_classes():
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-
-    return {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel}
-
-
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
 def test_transformers_still_departs_from_qwen_on_video_and_agrees_on_images(family_model_dir, family):
     """The contract: if this fails on video, transformers places a clip as Qwen does again and
@@ -91,10 +83,10 @@ def test_transformers_still_departs_from_qwen_on_video_and_agrees_on_images(fami
     assert not torch.equal(theirs[0], ours[0]), "transformers now places video as Qwen does: remove the patch"
 
 
-def test_the_patch_reaches_every_instance_once(model_classes):
+def test_the_patch_reaches_every_instance_once():
     use_qwen_video_positions()
     use_qwen_video_positions()
-    for cls in model_classes.values():
+    for cls in positions._model_classes():
         assert cls.get_rope_index is qwen_rope_index
         assert positions._REPLACED[cls] is not qwen_rope_index
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from qwen_vl_utils.vision_process import FRAME_FACTOR
 
 from suzak import SuzakError
 from suzak.vision import DEFAULT_MIN_PIXELS, DEFAULT_VIDEO_MAX_PIXELS, VideoBudget, video_of
@@ -45,9 +46,6 @@ __all__ = [
     "video_problem",
     "vllm_video",
 ]
-
-
-FRAME_PAIR = 2  # frames per temporal patch (``temporal_patch_size``) of every Qwen VL family
 
 
 def _bfloat16_exact(value: float) -> float:
@@ -96,7 +94,7 @@ class Clip:
         2.6666666666666665
         """
         exact = len(self.indices) / self.total_frames * self.fps
-        return FRAME_PAIR / _bfloat16_exact(FRAME_PAIR / exact)
+        return FRAME_FACTOR / _bfloat16_exact(FRAME_FACTOR / exact)  # FRAME_FACTOR: frames per temporal patch
 
 
 @dataclass(kw_only=True)
