@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,44 @@ def _vllm_on_cpu() -> None:
 
 
 _vllm_on_cpu()
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``pytest -n auto`` (the README's test command): one worker per core, at most one per 6 GiB of memory.
+
+    Most of the suite's time is end-to-end runs in subprocesses whose tiny matrices keep a second torch thread far
+    from twice as fast, so two workers on CI's 2 cores finish the main suite in ~2/3 of one worker's time; a run
+    with its subprocesses peaks near 4 GiB (the self-tests train two conditions at once), hence the memory cap.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return max(1, min(cores, memory // (6 << 30) if memory else cores))
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist each worker (and what it starts) gets its share of the cores and a rendezvous port.
+
+    Threads: torch's OpenMP threads spin while they wait, so two workers' runs of two threads each on 2 cores
+    slowed the demo run 4x (94 s alone, 357 s beside a self-test); one thread each costs a run little (its tiny
+    matrices gain little from a second thread). Port: torchrun, DeepSpeed and TRL's colocated vLLM group all default
+    to 29500, and two workers launching at once would collide (EADDRINUSE).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if not worker:
+        return
+    os.environ["MASTER_PORT"] = str(29600 + 100 * int(worker.removeprefix("gw")))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # subprocesses' torch; this process's is set below
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """With several workers, the slow tests go first (stable order otherwise), so the workers finish together
+    instead of one running the counting self-test alone at the end."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # set in each worker, where collection runs
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def run_ok(cmd: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:

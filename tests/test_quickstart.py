@@ -127,7 +127,9 @@ def test_slurm_example_starts_torchrun_once_per_node(tmp_path, run_env):
     env = run_env | {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{run_env['PATH']}", "SLURM_NNODES": "2",
                      "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_SUBMIT_DIR": str(ROOT), "CUDA_VISIBLE_DEVICES": "0,1,2,3",
                      "SUZAK_DRY_RUN": "1"}  # fmt: skip
-    env.pop("MASTER_ADDR", None), env.pop("NNODES", None), env.pop("NODE_RANK", None)
+    # the script's defaults, not a test worker's rendezvous port (tests/conftest.py)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK"):
+        env.pop(name, None)
     result = run_ok(["bash", "src/scripts/slurm/grpo_multinode.sbatch", "--max_steps", "5"], env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("dry run: ")]
     assert lines == [
