@@ -41,8 +41,9 @@ def pytest_xdist_auto_num_workers(config) -> int:
     """``pytest -n auto`` (the README's test command): one worker per core, at most one per 6 GiB of memory.
 
     Most of the suite's time is end-to-end runs in subprocesses whose tiny matrices keep a second torch thread far
-    from twice as fast, so two workers on CI's 2 cores finish the main suite in ~2/3 of one worker's time; a run
-    with its subprocesses peaks near 4 GiB (the self-tests train two conditions at once), hence the memory cap.
+    from twice as fast, so two workers on CI's 2 cores finish the main suite in ~70% of one worker's time
+    (docs/benchmarks.md#ci). The memory cap keeps a machine of many cores and little memory from starting more
+    end-to-end runs at once than fit (each is a process with its own torch; a self-test trains two at once).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0

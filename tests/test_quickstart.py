@@ -138,3 +138,17 @@ def test_slurm_example_starts_torchrun_once_per_node(tmp_path, run_env):
         for rank in (0, 1)
     ]
     assert "suzak: 2 node(s) (gpu-[07-08]), rendezvous gpu-07:29500" in result.stdout
+
+
+def test_ci_runs_the_readmes_test_commands():
+    """`.ci/run` runs the README's test commands as written (the main suite's `-n auto` included), plus `-q`."""
+    readme = (ROOT / "README.md").read_text()
+    commands = {line.split("#")[0].strip() for line in readme.splitlines() if re.match(r"\S*python -m pytest", line)}
+    ci = {
+        line.replace(" -q", "").strip() for line in (ROOT / ".ci/run").read_text().splitlines() if "-m pytest" in line
+    }
+    assert ".venv/bin/python -m pytest -n auto" in commands and ci == {
+        ".venv/bin/python -m pytest -n auto",
+        ".venv-vllm/bin/python -m pytest -m vllm",
+    }
+    assert ci <= commands
