@@ -37,6 +37,11 @@ def _vllm_on_cpu() -> None:
 _vllm_on_cpu()
 
 
+def _cores() -> int:
+    """The cores this process may run on (as suzak.selftest counts them for its conditions)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """``pytest -n auto`` (the README's test command): one worker per core, at most one per 6 GiB of memory.
 
@@ -45,9 +50,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
     (docs/benchmarks.md#ci). The memory cap keeps a machine of many cores and little memory from starting more
     end-to-end runs at once than fit (each is a process with its own torch; a self-test trains two at once).
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-    return max(1, min(cores, memory // (6 << 30) if memory else cores))
+    return max(1, min(_cores(), memory // (6 << 30) if memory else _cores()))
 
 
 def pytest_configure(config) -> None:
@@ -62,8 +66,7 @@ def pytest_configure(config) -> None:
     if not worker:
         return
     os.environ["MASTER_PORT"] = str(29600 + 100 * int(worker.removeprefix("gw")))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    threads = max(1, _cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # subprocesses' torch; this process's is set below
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

@@ -147,8 +147,5 @@ def test_ci_runs_the_readmes_test_commands():
     ci = {
         line.replace(" -q", "").strip() for line in (ROOT / ".ci/run").read_text().splitlines() if "-m pytest" in line
     }
-    assert ".venv/bin/python -m pytest -n auto" in commands and ci == {
-        ".venv/bin/python -m pytest -n auto",
-        ".venv-vllm/bin/python -m pytest -m vllm",
-    }
+    assert ci == {".venv/bin/python -m pytest -n auto", ".venv-vllm/bin/python -m pytest -m vllm"}
     assert ci <= commands
