@@ -53,7 +53,7 @@ class AlignmentCheck:
         self.rows_checked = 0
 
     def __call__(self, prompts, completions, solution, **kwargs):
-        images = kwargs.get("images") or [[img] for img in kwargs.get("image", [None] * len(prompts))]
+        images = kwargs.get("images") or [[img] if img else [] for img in kwargs.get("image", [None] * len(prompts))]
         for prompt, gold, row_images in zip(prompts, solution, images, strict=True):
             key = int(re.search(r"\d+", gold).group())
             text = next(p["text"] for p in prompt[0]["content"] if p["type"] == "text")
@@ -191,6 +191,41 @@ def test_text_only_prompts(tiny_model_dir, tmp_path, gsm8k_jsonl):
     trainer = make_trainer(tiny_model_dir, tmp_path, gsm8k(path=str(gsm8k_jsonl)), [length_reward], max_steps=1)
     trainer.train()
     assert any("loss" in log for log in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("column", ["image", "images"])
+def test_rows_with_and_without_images_mix_in_a_batch(tiny_model_dir, tmp_path, column):
+    """A dataset whose rows alternate between an image question and a text question (None or ``[]`` in the image
+    column): plain TRL 1.16 hands the processor None for the text rows and fails; suzak trains, in chunks of 2 rows
+    (image-only and text-only chunks), each image row with its own image tokens."""
+    import datasets
+
+    from suzak.prompts import build_conversation
+
+    rows = []
+    for key, row in enumerate(image_dataset(4).to_list()):
+        text = {"prompt": build_conversation(f"How many items are there in scene {key + 4}?", 0),
+                "solution": f"<answer> {key + 4} </answer>"}  # fmt: skip
+        if column == "image":
+            rows += [row, {**text, "image": None}]
+        else:
+            rows += [{**row, "images": [row.pop("image")]}, {**text, "images": []}]
+    image = datasets.Image()
+    features = datasets.Features({"prompt": datasets.Dataset.from_list([rows[1]]).features["prompt"],
+                                  "solution": datasets.Value("string"),
+                                  column: image if column == "image" else datasets.List(image)})  # fmt: skip
+    dataset = datasets.Dataset.from_list([{k: row[k] for k in features} for row in rows], features=features)
+    check = AlignmentCheck()
+    trainer = make_trainer(tiny_model_dir, tmp_path, dataset, [length_reward, check], cls=TokenCountingTrainer,
+                           per_device_train_batch_size=2, steps_per_generation=4, max_steps=8)  # fmt: skip
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert check.rows_checked == 16  # 2 generation batches of 4 prompts x 2
+    vision = {n for n, _ in vision_parameters(trainer.model)}
+    assert any(changed(before, trainer.model)[n] for n in vision)
+    assert any(0 in counts and max(counts) > 0 for counts, _ in trainer.token_checks)  # a mixed generation batch
+    for counts, expected in trainer.token_checks:
+        assert counts == expected
 
 
 def test_lora_leaves_base_weights_unchanged(tiny_model_dir, tmp_path):

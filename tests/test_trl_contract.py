@@ -283,11 +283,36 @@ def test_tokenize_prompts_hands_chat_template_kwargs_to_the_processor():
 
 
 def test_per_token_logps_calls_the_model_with_keyword_inputs_per_chunk():
-    """feeding_videos adds the video tensors to the model call's keyword arguments; TRL chunks by ``batch_size``."""
+    """feeding_videos adds each call's rows' video tensors to the model call's keyword arguments, taking the rows in
+    order: TRL calls the model once per chunk of ``batch_size`` rows, from the first row on, and slices a chunk's
+    images (``pixel_values[row_start:row_end]``: empty for a chunk without any, which feeding_videos drops)."""
     source = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "for start in range(0, input_ids.size(0), batch_size):" in source
     assert "model(**model_inputs, labels=labels, fused_lm_head=True)" in source
     assert 'model_inputs = {"input_ids": input_ids_batch, "attention_mask": attention_mask_batch}' in source
+    assert 'model_inputs["pixel_values"] = pixel_values[row_start:row_end]' in source
+    assert 'model_inputs["mm_token_type_ids"] = mm_token_type_ids[start:end]' in source
     assert "return logps, entropies, aux_loss" in source
+
+
+def test_a_row_without_images_is_none_in_trls_image_lists():
+    """Batches mixing rows with and without images: TRL's per-row image lists hold None for a row without images,
+    which the processor refuses (suzak hands it ``[]``) and which TRL's vLLM requests need (suzak hands them None, as
+    ``row[0]`` is sent otherwise); an ``image`` column that is None in every row of a batch gives a list of Nones
+    (suzak leaves such a column out: image_gaps_filled); the image marks of the forward pass come from prompts
+    rendered without their videos expanded (feeding_videos pads them)."""
+    tokenize = inspect.getsource(GRPOTrainer._tokenize_prompts)
+    assert "images.append(prompt_images if prompt_images else None)" in tokenize
+    assert "return prompt_ids, images, multimodal_fields" in tokenize
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert (
+        'images = [[example.get("image")] if example.get("image") is not None else None for example in inputs]' in score
+    )
+    assert "if images is not None and all(img_list == [] for img_list in images):" in score
+    assert "prompt_inputs = self.processing_class(images=images, text=prompts_text, padding=True" in score
+    generate = inspect.getsource(VLLMGeneration.generate)
+    assert "if img_list is not None:" in generate
+    assert 'row["multi_modal_data"] = {"image": img_list if len(img_list) > 1 else img_list[0]}' in generate
 
 
 def test_a_list_in_the_scored_batch_is_shuffled_and_split_with_the_rows():

@@ -52,6 +52,7 @@ from suzak.vision import (
     VideoBudget,
     configure_processor,
     fit_row_images,
+    image_gaps_filled,
     images_of,
     pad_left,
     video_of,
@@ -160,7 +161,7 @@ class VLMGRPOTrainer(GRPOHooks):
         memo: dict = {}  # one resize per distinct image: each prompt is in the batch num_generations times
         clips: dict = {}  # one read per distinct video, likewise
         rows = ({k: v for k, v in row.items() if k != ROW_COLUMN} for row in inputs)  # rewards get the dataset's own
-        fitted = [fit_row_images(row, self.pixel_budget, memo) for row in rows]
+        fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in rows])
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
 
     def _with_clip(self, row: dict[str, Any], name: str, clips: dict) -> dict[str, Any]:

@@ -10,8 +10,10 @@ by name, instead of somewhere in a training run:
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
   method of the subclass), and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
-  through ``chat_template_kwargs``), ``_compute_loss`` and ``_get_per_token_logps_and_entropies`` (each row's video
-  tensors added to the model call: :func:`feeding_videos`), reads the scored batch from ``_logs``, logs through ``_log_metric``, saves a checkpoint
+  through ``chat_template_kwargs``; a batch's rows without images as ``[]`` for the processor, None for vLLM),
+  ``_compute_loss`` and ``_get_per_token_logps_and_entropies`` (each chunk's video tensors added to the model call,
+  image marks aligned, no empty image tensors: :func:`feeding_videos`), reads the scored batch from ``_logs``, logs
+  through ``_log_metric``, saves a checkpoint
   with transformers' ``Trainer._save_checkpoint``, and sets the vision-token suppression where TRL's two generation
   paths read it (``generation_config``/``generation_kwargs`` for HF, ``vllm_generation.generation_kwargs`` for vLLM);
 - :class:`RewardFault`: what ``_calculate_rewards`` raises, on every rank at once, when a reward raises or returns
@@ -333,8 +335,8 @@ def _row_model_inputs(batch: dict[str, Any], row: int) -> dict[str, Any]:
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if "mm_token_type_ids" in batch:
         inputs["mm_token_type_ids"] = batch["mm_token_type_ids"][row : row + 1]
-    if "image_grid_thw" in batch and "pixel_values" in batch:
-        counts = list(batch["num_images"])
+    counts = list(batch.get("num_images") or [])
+    if "image_grid_thw" in batch and "pixel_values" in batch and counts[row]:  # (a video row has none)
         first, count = sum(counts[:row]), counts[row]
         rows_per_image = batch["image_grid_thw"].prod(dim=-1).tolist()  # (images,)
         start = sum(rows_per_image[:first])
@@ -698,6 +700,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         return output
 
     def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
+        images = _none_for_empty(images)
         colocated = self.use_vllm and self.vllm_mode == "colocate"
         if colocated and images is not None:
             # TRL hands colocated vLLM the processor-expanded prompt ids and vLLM expands every <|image_pad|> again
@@ -724,46 +727,31 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         clips = [part["video"] for prompt in prompts if isinstance(prompt, list) for part in _parts(prompt)
                  if part.get("type") == "video" and isinstance(part.get("video"), Clip)]  # fmt: skip
         if not clips:
-            return super()._tokenize_prompts(prompts)
+            prompt_ids, images, fields = super()._tokenize_prompts(prompts)
+            return prompt_ids, _empty_for_none(images), fields
         saved = self.chat_template_kwargs
         given = dict(saved.get("processor_kwargs") or {})
         self.chat_template_kwargs = {**saved, "processor_kwargs": {**given, **processor_kwargs(clips)}}
         try:
-            return super()._tokenize_prompts([_with_frames(prompt) for prompt in prompts])
+            prompt_ids, images, fields = super()._tokenize_prompts([_with_frames(prompt) for prompt in prompts])
         finally:
             self.chat_template_kwargs = saved
+        return prompt_ids, _empty_for_none(images), fields
 
     def _compute_loss(self, model, inputs):
         with self._videos(inputs.get(VIDEO_FIELDS)):
             return super()._compute_loss(model, inputs)
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           *args, **kwargs):  # fmt: skip
-        """With video rows, TRL's chunks of ``batch_size`` rows, each computed by TRL with its rows' video tensors
-        added to the model call (:func:`feeding_videos`)."""
-        rows = self._video_rows
-        if rows is None:
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        """TRL's model call for each chunk of rows gets the chunk's video tensors added, and no empty image tensors
+        for a chunk of rows without images (:func:`feeding_videos`); TRL itself gives each chunk its rows' images."""
+        rows = self._video_rows if self._video_rows is not None else [None] * input_ids.size(0)
+        if len(rows) != input_ids.size(0):
+            raise SuzakError(f"a batch of {input_ids.size(0)} rows came with {len(rows)} rows of video tensors")
+        video_token = self.processing_class.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        with feeding_videos(model, rows, video_token):
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              batch_size, *args, **kwargs)  # fmt: skip
-        if len(rows) != input_ids.size(0) or kwargs.get("pixel_values") is not None:
-            raise SuzakError(f"a batch of {input_ids.size(0)} rows came with {len(rows)} rows of video tensors"
-                             + (" and images" if kwargs.get("pixel_values") is not None else ""))  # fmt: skip
-        size = batch_size or input_ids.size(0)
-        logps, entropies, aux = [], [], []
-        for start in range(0, input_ids.size(0), size):
-            end = min(start + size, input_ids.size(0))
-            chunk = {k: v[start:end] if k in ("token_type_ids", "mm_token_type_ids") and v is not None else v
-                     for k, v in kwargs.items()}  # fmt: skip
-            with feeding_videos(model, rows[start:end], self.processing_class.tokenizer.convert_tokens_to_ids(
-                    "<|video_pad|>")):  # fmt: skip
-                part = super()._get_per_token_logps_and_entropies(
-                    model, input_ids[start:end], attention_mask[start:end], logits_to_keep, None, *args, **chunk
-                )
-            logps.append(part[0])
-            entropies.append(part[1])
-            aux.append(part[2])
-        return (torch.cat(logps), None if entropies[0] is None else torch.cat(entropies),
-                None if aux[0] is None else torch.stack(aux).mean())  # fmt: skip
+                                                              *args, **kwargs)  # fmt: skip
 
     @contextmanager
     def _videos(self, rows: list[dict | None] | None):
@@ -964,6 +952,18 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         return sorted(self.generation_config.suppress_tokens or [])
 
 
+def _empty_for_none(images: list | None) -> list | None:
+    """TRL's per-row image lists with ``[]`` for a row without images where the batch has some: the processor TRL
+    calls on the batch takes an empty list for such a row, not None (TRL builds None)."""
+    return images if images is None else [[] if row is None else row for row in images]
+
+
+def _none_for_empty(images: list | None) -> list | None:
+    """TRL's per-row image lists with None for a row without images: TRL's vLLM requests send ``row[0]`` unless the
+    row is None."""
+    return images if images is None else [row or None for row in images]
+
+
 def _parts(prompt: list) -> list[dict]:
     return [part for message in prompt if isinstance(message, dict) and isinstance(message.get("content"), list)
             for part in message["content"] if isinstance(part, dict)]  # fmt: skip
@@ -1010,21 +1010,35 @@ def vllm_requests_with_videos(llm: Any, videos: Sequence[tuple[Any, dict] | None
 
 @contextmanager
 def feeding_videos(model: torch.nn.Module, rows: Sequence[dict | None], video_token_id: int):
-    """Within the block, every call of ``model`` gets these rows' video tensors (rows without a video add none) and
-    ``mm_token_type_ids`` marking their video placeholder tokens (2), which the Qwen models' M-RoPE needs.
+    """Within the block, the calls of ``model`` on these rows (one call for all, or TRL's chunks of them in row order:
+    each call takes the next ``input_ids.size(0)`` rows) get those rows' video tensors (rows without a video add none)
+    and ``mm_token_type_ids`` marking their video placeholder tokens (2), which the Qwen models' M-RoPE needs; the image
+    marks (1) the call already has stay where the images are.
 
     TRL builds each chunk's model call from image arguments only; this adds the video ones to the same call.
     """
-    present = [row for row in rows if row is not None]
-    fields = {key: torch.cat([row[key] for row in present]) for key in (present[0] if present else {})}
+    taken = 0
 
     def add_videos(module, args, kwargs):
+        nonlocal taken
         ids = kwargs.get("input_ids")
-        if ids is None or not present:
+        if ids is None:
             return args, kwargs
-        types = kwargs.get("mm_token_type_ids")
-        types = torch.zeros_like(ids) if types is None else types.clone()
-        types[ids == video_token_id] = 2
+        if taken + ids.size(0) > len(rows):
+            raise SuzakError(f"the model was called on more rows than the {len(rows)} given video tensors for")
+        present = [row for row in rows[taken : taken + ids.size(0)] if row is not None]
+        taken += ids.size(0)
+        grids = kwargs.get("image_grid_thw")
+        if grids is not None and grids.numel() == 0:  # a chunk of a mixed batch without images: TRL slices none
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("pixel_values", "image_grid_thw")}
+        given = kwargs.get("mm_token_type_ids")
+        if not present and (given is None or given.shape == ids.shape):
+            return args, kwargs
+        fields = {key: torch.cat([row[key] for row in present]) for key in present[0]} if present else {}
+        types = torch.zeros_like(ids)
+        if given is not None:  # a batch with images: TRL's image marks, from prompts whose videos were not expanded
+            types[:, types.size(1) - given.size(1) :] = given.masked_fill(given == 2, 0)  # (left padded: they end
+        types[ids == video_token_id] = 2  # where the expanded ones do); the video marks come from the ids
         return args, {**kwargs, **fields, "mm_token_type_ids": types}
 
     handle = model.register_forward_pre_hook(add_videos, with_kwargs=True)

@@ -54,6 +54,7 @@ __all__ = [
     "family_factors",
     "fit_image",
     "fit_row_images",
+    "image_gaps_filled",
     "images_of",
     "map_row_images",
     "pad_left",
@@ -617,6 +618,23 @@ def _map_message_images(message: Any, fn: Callable[[Image.Image], Image.Image]) 
              if isinstance(part, dict) and isinstance(part.get("image"), Image.Image) else part
              for part in content]  # fmt: skip
     return {**message, "content": parts}
+
+
+def image_gaps_filled(rows: list[dict]) -> list[dict]:
+    """A batch's rows as TRL's GRPOTrainer can take them when some have no image (a video row, a text row): an
+    ``images`` list that is None becomes ``[]``, and an ``image`` column that is None in every row is left out (TRL
+    treats ``[]`` as no image but hands ``None`` to the processor, which refuses it).
+
+    >>> image = Image.new("RGB", (4, 4))
+    >>> image_gaps_filled([{"image": None, "p": 1}, {"image": None, "p": 2}])
+    [{'p': 1}, {'p': 2}]
+    >>> [sorted(row) for row in image_gaps_filled([{"image": image}, {"image": None}])], image_gaps_filled([{"images": None}])
+    ([['image'], ['image']], [{'images': []}])
+    """
+    rows = [{**row, "images": []} if "images" in row and row["images"] is None else row for row in rows]
+    if rows and all("image" in row and row["image"] is None for row in rows):
+        rows = [{k: v for k, v in row.items() if k != "image"} for row in rows]
+    return rows
 
 
 def images_of(row: Mapping[str, Any]) -> list[Image.Image]:
