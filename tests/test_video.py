@@ -3,6 +3,8 @@ video-capable tiny family, with the video tokens of training equal to the budget
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -215,6 +217,79 @@ def test_a_video_grpo_step_trains_through_the_frames(family_model_dir, tmp_path,
     assert moved, "no vision-tower weight moved: the frames never reached the loss"
 
 
+def mixed_media(rows: int = 8):
+    """A dataset whose rows alternate between a colour square (an ``image``) and a moving ball clip (a ``video``)."""
+    import datasets
+
+    from suzak.data.colors import color_squares
+
+    images, clips = color_squares(rows // 2, seed=0).to_list(), moving_ball(rows // 2, seed=0).to_list()
+    mixed = [row for pair in zip(images, clips, strict=True) for row in pair]
+    columns = set().union(*mixed)
+    features = datasets.Features({**moving_ball(1).features, "image": datasets.Image()})
+    return datasets.Dataset.from_list([{c: row.get(c) for c in columns} for row in mixed], features=features)
+
+
+class MixedLogps(VLMGRPOTrainer):
+    """Records, for every generation batch, TRL's log-probabilities of the completions (computed in chunks of
+    ``per_device_train_batch_size`` rows) beside the same rows' log-probabilities computed one row at a time."""
+
+    def _generate_and_score_completions(self, inputs):
+        from suzak.trl_internals import VIDEO_FIELDS
+
+        out = super()._generate_and_score_completions(inputs)
+        token = self.processing_class.tokenizer.convert_tokens_to_ids
+        kinds = ["video" if isinstance(video_of(r), (list, str)) else "image" for r in inputs]
+        grids = out.get("image_grid_thw")
+        patches = [0, *grids.prod(-1).cumsum(0).tolist()] if grids is not None else [0]
+        for row in range(out["completion_ids"].size(0)):
+            prompt, completion = out["prompt_ids"][row], out["completion_ids"][row]
+            keep = out["prompt_mask"][row].bool()  # the row alone: no padding, marks from its own ids
+            ids = torch.cat([prompt[keep], completion])[None]
+            types = torch.zeros_like(ids)
+            types[:, : int(keep.sum())][ids[:, : int(keep.sum())] == token("<|image_pad|>")] = 1
+            types[:, : int(keep.sum())][ids[:, : int(keep.sum())] == token("<|video_pad|>")] = 2
+            media = dict((out.get(VIDEO_FIELDS) or [None] * len(inputs))[row] or {})
+            if kinds[row] == "image":
+                image = sum(out["num_images"][:row])
+                media = {"pixel_values": out["pixel_values"][patches[image] : patches[image + 1]],
+                         "image_grid_thw": grids[image : image + 1]}  # fmt: skip
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types,
+                                    logits_to_keep=completion.size(0) + 1, **media).logits[0, :-1]  # fmt: skip
+            alone = logits.float().log_softmax(-1).gather(-1, completion[:, None])[:, 0]
+            mask = out["completion_mask"][row].bool()
+            self.checks = [
+                *getattr(self, "checks", []),
+                (kinds[row], out["old_per_token_logps"][row][mask], alone[mask]),
+            ]
+        return out
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+@pytest.mark.parametrize(("prompts", "iterations"), [(4, 1), (1, 2)])
+def test_a_dataset_mixing_image_rows_and_video_rows_trains_each_row_on_its_own_media(family_model_dir, tmp_path,
+                                                                                     family, prompts, iterations):  # fmt: skip
+    """Image rows and video rows in one dataset, in batches of 4 prompts (mixed) or of 1 (a video batch whose
+    ``image`` column is None throughout): TRL hands the processor None for a row without images and the model empty
+    image tensors for a chunk without any. Each row's log-probabilities, computed by TRL in chunks of 2 rows
+    (image-only, video-only or mixed), equal that row's computed alone with its own image or clip."""
+    model_dir = family_model_dir(family)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      steps_per_generation=prompts, num_iterations=iterations, max_completion_length=6, max_steps=8,
+                      learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", logging_steps=1,
+                      save_strategy="no", seed=0, beta=0.0, temperature=1.0)  # fmt: skip
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(model_dir)), args)
+    trainer = MixedLogps(model=model, reward_funcs=[length_reward], args=args, train_dataset=mixed_media(8),
+                         processing_class=processor, pixel_budget=PixelBudget(3136, 50176), video_budget=BUDGET)  # fmt: skip
+    visual = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "visual" in n}
+    trainer.train()
+    assert {kind for kind, _, _ in trainer.checks} == {"image", "video"}
+    for kind, batched, alone in trainer.checks:
+        torch.testing.assert_close(batched, alone, atol=1e-4, rtol=1e-4, msg=lambda m, kind=kind: f"{kind} row: {m}")
+    assert any(not torch.equal(visual[n], p) for n, p in trainer.model.named_parameters() if "visual" in n)
+
+
 def test_a_row_with_images_and_a_video_is_one_line(tiny_model_dir, tmp_path):
     from datasets import Dataset
 
@@ -255,6 +330,29 @@ def test_validation_names_a_missing_or_broken_video_before_step_1(tmp_path):
     assert problems[0].reason.endswith("gone.mp4 does not exist") and "cannot be decoded" in problems[1].reason
     frames = validate_rows(moving_ball(3, seed=0), PixelBudget(factor=28))
     assert frames == []
+
+
+def test_validation_of_a_dataset_mixing_image_rows_and_video_rows(tmp_path):
+    """Each row is checked for its own media: an image row needs no video, a video row no image; a row holding both,
+    or neither, is named before step 1."""
+    import datasets
+
+    from suzak.checks import validate_rows
+
+    write_mp4(tmp_path / "good.mp4", _frames(6))
+    Image.new("RGB", (32, 32)).save(tmp_path / "red.png")
+    red, good = str(tmp_path / "red.png"), str(tmp_path / "good.mp4")
+    rows = [(red, None), (None, good), (red, good), (None, None), (None, str(tmp_path / "gone.mp4"))]
+    features = datasets.Features({"image": datasets.Image(), "video": datasets.Value("string"),
+                                  "solution": datasets.Value("string")})  # fmt: skip
+    dataset = datasets.Dataset.from_list(
+        [{"image": i, "video": v, "solution": "x"} for i, v in rows], features=features
+    )
+    problems = validate_rows(dataset, PixelBudget(factor=28))
+    assert [(p.index, p.column) for p in problems] == [(2, "video"), (3, "image"), (4, "video")]
+    assert [p.reason for p in problems][:2] == ["the row holds images and a video: suzak trains on rows with one or "
+                                                "the other", "no image"]  # fmt: skip
+    assert problems[2].reason.endswith("gone.mp4 does not exist")
 
 
 def test_precheck_counts_video_tokens_and_stops_a_video_prompt_past_the_context(tiny_processor):
@@ -319,6 +417,13 @@ def test_video_r1_reads_a_local_copy_and_counts_missing_videos(tmp_path, caplog)
         build_dataset("video_r1", data_root=str(tmp_path), problem_types=["free-form"])
     with pytest.raises(SuzakError, match=r"Video-R1-260k.json does not exist"):
         build_dataset("video_r1", data_root=str(tmp_path / "nowhere"))
+    (tmp_path / "General").mkdir()
+    Image.new("RGB", (32, 32)).save(tmp_path / "General" / "i.png")
+    both = build_dataset("video_r1", data_root=str(tmp_path), data_types=["image", "video"])  # Video-R1's own mix
+    assert both["line"] == [0, 3] and both[0]["image"] is None and both[1]["video"] is None
+    assert both[1]["image"].size == (32, 32) and both[1]["prompt"][0]["content"][0]["type"] == "image"
+    with pytest.raises(SuzakError, match=r"^video_r1: data_types are image and/or video, got \['audio'\]$"):
+        build_dataset("video_r1", data_root=str(tmp_path), data_types=["audio"])
 
 
 def test_video_r1_from_the_hub_fails_offline_in_one_line(monkeypatch):
@@ -348,6 +453,91 @@ def test_the_video_smoke_recipe_trains_and_evaluates_held_out_clips(family, tmp_
     with open(tmp_path / "out" / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [int(r["step"]) for r in rows if r["eval/accuracy"]] == [0, 2, 4]  # held-out clips through the eval engine
+    assert sum(1 for r in rows if r["loss"]) == 4
+
+
+def write_mixed_jsonl(folder: Path, rows: int = 4) -> Path:
+    """``mixed.jsonl`` in ``folder``: colour-square image lines and moving-ball video lines (mp4 files), alternating."""
+    import json
+
+    from suzak.data.colors import color_squares
+
+    (folder / "media").mkdir()
+    squares, balls, lines = color_squares(rows, seed=0), moving_ball(rows, seed=0), []
+    for i in range(rows):
+        squares[i]["image"].save(folder / "media" / f"square{i}.png")
+        write_mp4(folder / "media" / f"ball{i}.mp4", balls[i]["video"], fps=4)
+        lines += [{"image": f"media/square{i}.png", "problem": "Red or blue?", "solution": squares[i]["solution"]},
+                  {"video": f"media/ball{i}.mp4", "problem": "Left or right?", "solution": balls[i]["solution"]}]  # fmt: skip
+    (folder / "mixed.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder / "mixed.jsonl"
+
+
+def test_a_jsonl_file_of_image_lines_and_video_lines(tmp_path):
+    """``video`` lines (a file, or frame files with their ``video_fps``) beside image lines, paths relative to the
+    file; a line with both, a file mixing video files and frame lists, a bad rate and a missing video are one line."""
+    import json
+
+    from suzak.checks import validate_rows
+    from suzak.data.builders import build_dataset
+
+    dataset = build_dataset(str(write_mixed_jsonl(tmp_path)))
+    assert [r["line"] for r in dataset if r["video"] is not None] == [2, 4, 6, 8]
+    assert dataset[1]["video"] == str(tmp_path / "media" / "ball0.mp4") and dataset[1]["image"] is None
+    assert [p["type"] for p in dataset[0]["prompt"][0]["content"]] == ["image", "text"]
+    assert [p["type"] for p in dataset[1]["prompt"][0]["content"]] == ["video", "text"]
+    assert validate_rows(dataset, PixelBudget(factor=28)) == []
+
+    for i, frame in enumerate(_frames(4)):
+        frame.save(tmp_path / f"f{i}.png")
+    frames = [f"f{i}.png" for i in range(4)]
+    lines = tmp_path / "frames.jsonl"
+    lines.write_text(json.dumps({"video": frames, "video_fps": 2, "question": "?", "answer": "left"}) + "\n")
+    clip = build_dataset(str(lines))[0]
+    assert len(clip["video"]) == 4 and clip["video_fps"] == 2.0 and clip["solution"] == "left"
+
+    def error(*lines_: dict) -> str:
+        lines.write_text("".join(json.dumps(line) + "\n" for line in lines_))
+        with pytest.raises(SuzakError) as raised:
+            build_dataset(str(lines))
+        assert "\n" not in str(raised.value)
+        return str(raised.value)
+
+    ball = {"video": "media/ball0.mp4", "problem": "?", "solution": "left"}
+    assert error({**ball, "image": "f0.png"}).endswith(
+        "frames.jsonl:1: an image and a video: a line holds one or the other"
+    )
+    assert error({**ball, "video": frames}, ball).endswith(
+        "frames.jsonl:2: a video file, where line 1 has a list of frames: one file holds video files or frame lists, "
+        "not both")  # fmt: skip
+    assert error({**ball, "video_fps": "fast"}).endswith(
+        "frames.jsonl:1: video_fps must be a positive number, got 'fast'"
+    )
+    assert error({**ball, "video": 7}).endswith(
+        "frames.jsonl:1: video must be a file path or a list of frame paths, got 7"
+    )
+    assert "1 image or video file(s) missing, first " in error({**ball, "video": "gone.mp4"})
+
+
+def test_suzak_train_on_a_jsonl_file_mixing_image_and_video_questions(tmp_path, run_env):
+    """The user's path: a local JSONL of image and video questions, trained by ``suzak.train`` with the video
+    recipe; its held-out rows (images and clips) evaluate through the same engine."""
+    import csv
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    data = write_mixed_jsonl(tmp_path, rows=8)
+    result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/video_smoke.yaml",
+                             "--dataset_name", str(data), "--dataset_options", "{}", "--eval_rows", "4",
+                             "--output_dir", str(tmp_path / "out")], cwd=ROOT, env=run_env, capture_output=True,
+                            text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "pre-check: 6 of 12 rows have a video: video tokens/prompt min 16 mean 16.0 max 16" in result.stderr
+    with open(tmp_path / "out" / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows if r["eval/accuracy"]] == [0, 2, 4]
     assert sum(1 for r in rows if r["loss"]) == 4
 
 

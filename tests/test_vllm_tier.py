@@ -14,7 +14,8 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
   stays fixed) and never samples a vision placeholder;
 - ``python -m suzak.selftest --vllm`` passes (aligned learns, shuffled control at chance), and so does the video
   self-test: colocated video training hands vLLM each row's clip, vLLM runs exactly the training prompt ids, and
-  ``suzak.eval moving_ball --engine vllm`` evaluates held-out clips;
+  ``suzak.eval moving_ball --engine vllm`` evaluates held-out clips; a JSONL of image and video questions trains
+  with both kinds in one generation batch;
 - ``suzak.eval`` with ``--engine vllm`` and ``--engine hf`` on a trained checkpoint: the same greedy answers and
   scores reported the same way (visual tokens and prompt ids per request: tests/test_vllm_boundary.py, against
   vLLM's own input processing);
@@ -293,6 +294,29 @@ def test_colocated_video_training_samples_from_the_training_prompt(family, vllm_
             "--output_path", str(result), "--no_progress"], vllm_env)  # fmt: skip
     rows = json.loads(result.read_text())["results"]
     assert len(rows) == 8 and all({"model_output", "is_correct"} <= set(row) for row in rows)
+
+
+def test_colocated_training_on_a_jsonl_mixing_image_and_video_questions(vllm_env, tmp_path):
+    """A local JSONL of image lines and video lines, trained with ``--use_vllm true``: generation batches holding
+    both reach vLLM as TRL's image requests beside suzak's video ones (TRL's None for a row without images), vLLM
+    runs exactly the training prompt ids, and the guard finds it following the policy."""
+    from transformers import AutoTokenizer
+
+    from test_video import write_mixed_jsonl
+
+    data, output_dir, record = write_mixed_jsonl(tmp_path, rows=8), tmp_path / "out", tmp_path / "record.json"
+    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config", "recipes/video_smoke.yaml",
+            "--use_vllm", "true", "--dataset_name", str(data), "--dataset_options", "{}", "--eval_rows", "4",
+            "--max_steps", "3", "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
+    seen = json.loads(record.read_text())
+    assert len(seen["vllm_prompt_ids"]) == 3 * 8 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    token = AutoTokenizer.from_pretrained(output_dir).convert_tokens_to_ids
+    kinds = [{"image" for ids in seen["training_prompt_ids"][step : step + 8] if token("<|image_pad|>") in ids}
+             | {"video" for ids in seen["training_prompt_ids"][step : step + 8] if token("<|video_pad|>") in ids}
+             for step in range(0, 24, 8)]  # fmt: skip
+    assert {"image", "video"} in kinds, kinds  # a generation batch holding both
+    checks = _checks(output_dir)
+    assert list(checks) == [1] and checks[1] < 1e-5, checks
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------

@@ -321,21 +321,22 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
 
 def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict, image_columns: list[str]) -> dict:
     problem = {"index": index, "line": row.get("line"), "column": "", "reason": "", "image_file": None}
-    for column in image_columns:
+    video = row.get("video")
+    if video is not None or not image_columns:  # a video row (in a video dataset, or one mixing image and video rows)
+        file = video if isinstance(video, str) else None
+        if any(row[column] not in (None, []) for column in image_columns):
+            return problem | {"column": "video", "image_file": file,
+                              "reason": "the row holds images and a video: suzak trains on rows with one or the other"}  # fmt: skip
+        reason = video_problem(video) if "video" in row else ""
+        if reason:
+            return problem | {"column": "video", "reason": reason, "image_file": file}
+    for column in image_columns if video is None else ():
         values = row[column] if isinstance(row[column], list) else [row[column]]
         for value in values:
             path = value.get("path") if isinstance(value, dict) else value if isinstance(value, str) else None
             reason = _image_problem(value, budget)
             if reason:
                 return problem | {"column": column, "reason": reason, "image_file": path or row.get("image_path")}
-    if "video" in row:
-        reason = video_problem(row["video"])
-        if reason:
-            return problem | {
-                "column": "video",
-                "reason": reason,
-                "image_file": row["video"] if isinstance(row["video"], str) else None,
-            }
     if gold_parsers:
         gold = row.get("solution")
         for name, parse in gold_parsers.items():

@@ -112,14 +112,20 @@ def render_answer(answer_format: str, answer: str, reasoning: str = "Let me thin
     return fmt(str(answer).strip(), reasoning.strip())
 
 
-def build_conversation(text: str, num_images: int = 1) -> list[dict]:
-    """A single user turn in TRL's conversational form, image placeholders first (as Qwen2.5-VL is trained).
+def build_conversation(text: str, num_images: int = 1, *, video: bool = False) -> list[dict]:
+    """A single user turn in TRL's conversational form, the video or image placeholders first (as Qwen VL models
+    are trained).
 
-    ``num_images=0`` gives a text-only turn (plain string content), which TRL and every chat template accept.
+    ``num_images=0`` without ``video`` gives a text-only turn (plain string content), which TRL and every chat
+    template accept.
+
+    >>> build_conversation("Which way?", 0, video=True)
+    [{'role': 'user', 'content': [{'type': 'video'}, {'type': 'text', 'text': 'Which way?'}]}]
     """
-    if num_images == 0:
+    if num_images == 0 and not video:
         return [{"role": "user", "content": text}]
-    content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
+    parts = [{"type": "video"}] if video else []
+    content = parts + [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
     return [{"role": "user", "content": content}]
 
 

@@ -245,12 +245,14 @@ def _first_key(row: dict, keys: tuple[str, ...]) -> str | None:
 
 
 def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: str = DEFAULT_TEMPLATE):
-    """A local JSONL file of image questions.
+    """A local JSONL file of image or video questions.
 
     Accepts R1-V's eval lines (``{"image_path", "question", "ground_truth"}``) and training-style lines
-    (``image``/``images``, ``problem``, ``solution``). Image paths are relative to ``image_root`` when given, else
-    to the file's folder. Images load lazily; every path is checked up front, and a missing one is an error that
-    names the first missing path and how many are missing.
+    (``image``/``images``, ``problem``, ``solution``); a line with ``video`` (a video file, or a list of frame files
+    with an optional ``video_fps``, their rate) instead of an image is a video question, and one file may mix image
+    lines and video lines. Paths are relative to ``image_root`` when given, else to the file's folder. Images and
+    videos load lazily; every path is checked up front, and a missing one is an error that names the first missing
+    path and how many are missing.
     """
     import datasets
 
@@ -262,11 +264,22 @@ def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: s
     if not records:
         raise SuzakError(f"{path}: no rows")
     if missing:
-        raise SuzakError(f"{path}: {len(missing)} image(s) missing, first {missing[0]} (image_root={root})")
+        kind = "image(s)" if not any("video" in r for r in records) else "image or video file(s)"
+        raise SuzakError(f"{path}: {len(missing)} {kind} missing, first {missing[0]} (image_root={root})")
+    frame_lists = [r["line"] for r in records if isinstance(r.get("video"), list)]
+    if frame_lists and len(frame_lists) < sum("video" in r for r in records):
+        first = next(r["line"] for r in records if isinstance(r.get("video"), str))
+        raise SuzakError(f"{path}:{first}: a video file, where line {frame_lists[0]} has a list of frames: one file "
+                         "holds video files or frame lists, not both")  # fmt: skip
+    if any("video" in r for r in records):  # image lines and video lines: each has None in the other's column
+        columns = set().union(*records)
+        records = [{c: r.get(c) for c in columns} for r in records]
     dataset = datasets.Dataset.from_list(records)
-    image_column = "images" if "images" in dataset.column_names else "image"
-    feature = datasets.Image() if image_column == "image" else datasets.List(datasets.Image())
-    return dataset.cast_column(image_column, feature)
+    for column, feature in (("image", datasets.Image()), ("images", datasets.List(datasets.Image())),
+                            ("video", datasets.List(datasets.Image()) if frame_lists else None)):  # fmt: skip
+        if column in dataset.column_names and feature is not None:
+            dataset = dataset.cast_column(column, feature)
+    return dataset
 
 
 def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str]) -> dict:
@@ -274,19 +287,35 @@ def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str,
     if question_key is None or gold_key is None:
         raise SuzakError(f"{path}:{number}: need a question ({'/'.join(_QUESTION_KEYS)}) and a gold answer "
                          f"({'/'.join(_GOLD_KEYS)}); got keys {sorted(row)}")  # fmt: skip
-    if "images" in row:
-        images = {"images": [str(root / p) for p in row["images"]]}
-        paths = images["images"]
-    elif (image_key := _first_key(row, _IMAGE_KEYS)) is not None:
-        images = {"image": str(root / row[image_key])}
-        paths = [images["image"]]
+    image_key = "images" if "images" in row else _first_key(row, _IMAGE_KEYS)
+    if image_key is not None and "video" in row:
+        raise SuzakError(f"{path}:{number}: an image and a video: a line holds one or the other")
+    if "video" in row:
+        video = row["video"]
+        if isinstance(video, list) and video and all(isinstance(p, str) for p in video):
+            media, paths = {"video": [str(root / p) for p in video]}, [str(root / p) for p in video]
+        elif isinstance(video, str):
+            media, paths = {"video": str(root / video)}, [str(root / video)]
+        else:
+            raise SuzakError(f"{path}:{number}: video must be a file path or a list of frame paths, got {video!r:.60}")
+        fps = row.get("video_fps")
+        if fps is not None and (not isinstance(fps, int | float) or isinstance(fps, bool) or fps <= 0):
+            raise SuzakError(f"{path}:{number}: video_fps must be a positive number, got {fps!r}")
+        media |= {"video_fps": float(fps)} if fps is not None else {}
+    elif image_key == "images":
+        media = {"images": [str(root / p) for p in row["images"]]}
+        paths = media["images"]
+    elif image_key is not None:
+        media = {"image": str(root / row[image_key])}
+        paths = [media["image"]]
     else:
-        raise SuzakError(f"{path}:{number}: no image ({'/'.join(_IMAGE_KEYS)}/images); got keys {sorted(row)}")
+        raise SuzakError(f"{path}:{number}: no image ({'/'.join(_IMAGE_KEYS)}/images) or video; got keys {sorted(row)}")
     missing.extend(p for p in paths if not Path(p).is_file())
-    own = {k: v for k, v in row.items() if k not in {"image", "images", question_key, gold_key}}
+    own = {k: v for k, v in row.items() if k not in {"image", "images", "video", "video_fps", question_key, gold_key}}
+    text = get_template(template).render(str(row[question_key]).strip())
     return {
-        **_with_prompt({"problem": row[question_key]}, template, num_images=len(paths)),
-        **images,
+        "prompt": build_conversation(text, 0 if "video" in media else len(paths), video="video" in media),
+        **media,
         "problem": str(row[question_key]),
         "solution": str(row[gold_key]),
         "line": number,
@@ -343,7 +372,7 @@ def _checked(name: str, builder: Callable, options: dict, taken: tuple[str, ...]
 def _local_jsonl(path: Path, *, image_root: str | Path | None = None, template: str | None = None):
     """A JSONL file: GSM8K rows (question + answer, no image) or image questions."""
     first = next((row for _, row in read_jsonl(path)), {})
-    if "answer" in first and "question" in first and not set(_IMAGE_KEYS + ("images",)) & set(first):
+    if "answer" in first and "question" in first and not set(_IMAGE_KEYS + ("images", "video")) & set(first):
         return gsm8k(path=str(path), **({"template": template} if template else {}))
     return jsonl(path, image_root=image_root, template=template or DEFAULT_TEMPLATE)
 

@@ -67,7 +67,7 @@ def moving_ball(num_rows: int = 1000, *, seed: int = 0, question: str = "directi
     """
     import datasets
 
-    from suzak.prompts import get_template
+    from suzak.prompts import build_conversation, get_template
 
     if videos not in ("aligned", "shuffled", "still"):
         raise ValueError(f"videos must be aligned, shuffled or still, got {videos!r}")
@@ -87,7 +87,7 @@ def moving_ball(num_rows: int = 1000, *, seed: int = 0, question: str = "directi
     if videos == "shuffled":
         clips = [clips[i] for i in rng.permutation(num_rows)]
     text = get_template(template).render(QUESTIONS[question])
-    prompt = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
+    prompt = build_conversation(text, 0, video=True)
     rows = [{"prompt": prompt, "video": clip, "video_fps": fps, "solution": label, "index": i}
             for i, (clip, label) in enumerate(zip(clips, labels, strict=True))]  # fmt: skip
     return datasets.Dataset.from_list(rows)

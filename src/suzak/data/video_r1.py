@@ -1,4 +1,5 @@
-"""Video-R1's RL set (``Video-R1/Video-R1-data`` on the Hub): its video questions as suzak video rows.
+"""Video-R1's RL set (``Video-R1/Video-R1-data`` on the Hub): its video questions (and, on request, its image
+questions) as suzak rows.
 
 The Hub repository holds ``Video-R1-260k.json`` (263k rows mixing images and videos) and the media as zip archives
 (CLEVRER, LLaVA-Video-178K, NeXT-QA, PerceptionTest, STAR, and image sets). Download it once and extract the zips in
@@ -20,7 +21,7 @@ import re
 from pathlib import Path
 
 from suzak import SuzakError
-from suzak.prompts import DEFAULT_TEMPLATE, get_template
+from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
 __all__ = ["VIDEO_R1_FILE", "VIDEO_R1_REPO", "video_r1", "video_r1_rows"]
 
@@ -55,8 +56,9 @@ def _manifest(data_root: str | None) -> Path:
 
 
 def video_r1_rows(entries: list[dict], root: Path, *, problem_types: tuple[str, ...], sources: tuple[str, ...] | None,
-                  template: str) -> tuple[list[dict], int]:  # fmt: skip
-    """(rows, how many had no video file) from Video-R1 JSON entries: the video rows of ``problem_types``.
+                  template: str, data_types: tuple[str, ...] = ("video",)) -> tuple[list[dict], int]:  # fmt: skip
+    """(rows, how many had no media file) from Video-R1 JSON entries: the rows of ``data_types`` (``video``,
+    ``image``) and ``problem_types``; a video row has ``video`` (a path), an image row ``image`` (a path).
 
     >>> rows, missing = video_r1_rows([{"problem_id": 7, "problem": "What moves?", "data_type": "video",
     ...     "problem_type": "multiple choice", "options": ["A. cube", "B. ball"], "solution": "<answer>B</answer>",
@@ -68,12 +70,13 @@ def video_r1_rows(entries: list[dict], root: Path, *, problem_types: tuple[str, 
     render = get_template(template).render
     rows, missing = [], 0
     for line, entry in enumerate(entries):
-        if entry.get("data_type") != "video" or entry.get("problem_type") not in problem_types:
+        kind = entry.get("data_type")
+        if kind not in data_types or entry.get("problem_type") not in problem_types:
             continue
         if sources is not None and entry.get("data_source") not in sources:
             continue
-        video = (root / str(entry["path"])).resolve()
-        if not video.is_file():
+        media = (root / str(entry["path"])).resolve()
+        if not media.is_file():
             missing += 1
             continue
         question = str(entry["problem"]).strip()
@@ -82,8 +85,8 @@ def video_r1_rows(entries: list[dict], root: Path, *, problem_types: tuple[str, 
             question += "\nAnswer with the option's letter."  # Video-R1's instruction; word_match reads the letter
         found = _ANSWER.search(str(entry["solution"]))
         rows.append({
-            "prompt": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": render(question)}]}],
-            "video": str(video), "solution": found.group(1) if found else str(entry["solution"]).strip(),
+            "prompt": build_conversation(render(question), int(kind == "image"), video=kind == "video"),
+            kind: str(media), "solution": found.group(1) if found else str(entry["solution"]).strip(),
             "problem": question, "problem_type": entry["problem_type"], "line": line,
         })  # fmt: skip
     return rows, missing
@@ -91,24 +94,33 @@ def video_r1_rows(entries: list[dict], root: Path, *, problem_types: tuple[str, 
 
 def video_r1(data_root: str | None = None, *, problem_types: tuple[str, ...] | list[str] = ("multiple choice",),
              sources: tuple[str, ...] | list[str] | None = None, template: str = DEFAULT_TEMPLATE,
-             max_rows: int | None = None):  # fmt: skip
-    """Video-R1-260k's video questions: rows {prompt, video (a path), solution, problem, problem_type, line}.
+             max_rows: int | None = None, data_types: tuple[str, ...] | list[str] = ("video",)):  # fmt: skip
+    """Video-R1-260k's questions: rows {prompt, video or image (a path), solution, problem, problem_type, line}.
 
     ``problem_types``: Video-R1's ``problem_type`` values to keep (``multiple choice``: the gold answer is a letter,
     scored by ``word_match``; ``numerical``: a number, ``math_accuracy``). ``sources``: its ``data_source`` values
-    (e.g. ``[CLEVRER, STAR]``); all by default. ``line`` is the row's index in the JSON list.
+    (e.g. ``[CLEVRER, STAR]``); all by default. ``data_types``: its video rows (default), or ``[image, video]`` for
+    the mix Video-R1 trains on (image rows and video rows in one dataset; a batch may hold both). ``line`` is the
+    row's index in the JSON list.
     """
     import datasets
 
+    unknown = [kind for kind in data_types if kind not in ("image", "video")]
+    if unknown or not data_types:
+        raise SuzakError(f"video_r1: data_types are image and/or video, got {list(data_types)}")
     manifest = _manifest(data_root)
     root = manifest.parent
     entries = json.loads(manifest.read_text(encoding="utf-8"))
-    rows, missing = video_r1_rows(entries, root, problem_types=tuple(problem_types),
+    rows, missing = video_r1_rows(entries, root, problem_types=tuple(problem_types), data_types=tuple(data_types),
                                   sources=tuple(sources) if sources else None, template=template)  # fmt: skip
+    kinds = " or ".join(data_types)
     if missing:
-        logger.warning("video_r1: %d video rows left out: their file is not under %s (extract the media zips there)",
-                       missing, root)  # fmt: skip
+        logger.warning("video_r1: %d %s rows left out: their file is not under %s (extract the media zips there)",
+                       missing, kinds, root)  # fmt: skip
     if not rows:
-        raise SuzakError(f"video_r1: no video rows of {list(problem_types)} with their file under {root}"
-                         + (f" ({missing} rows name a missing video: extract the media zips there)" if missing else ""))  # fmt: skip
-    return datasets.Dataset.from_list(rows[:max_rows] if max_rows else rows)
+        raise SuzakError(f"video_r1: no {kinds} rows of {list(problem_types)} with their file under {root}"
+                         + (f" ({missing} rows name a missing file: extract the media zips there)" if missing else ""))  # fmt: skip
+    rows = rows[:max_rows] if max_rows else rows
+    columns = [c for c in ("image", "video") if any(c in row for row in rows)]
+    dataset = datasets.Dataset.from_list([{c: None for c in columns} | row for row in rows])
+    return dataset.cast_column("image", datasets.Image()) if "image" in columns else dataset
