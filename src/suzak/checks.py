@@ -330,13 +330,14 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
         reason = video_problem(video) if "video" in row else ""
         if reason:
             return problem | {"column": "video", "reason": reason, "image_file": file}
-    for column in image_columns if video is None else ():
-        values = row[column] if isinstance(row[column], list) else [row[column]]
-        for value in values:
-            path = value.get("path") if isinstance(value, dict) else value if isinstance(value, str) else None
-            reason = _image_problem(value, budget)
-            if reason:
-                return problem | {"column": column, "reason": reason, "image_file": path or row.get("image_path")}
+    else:  # an image row
+        for column in image_columns:
+            values = row[column] if isinstance(row[column], list) else [row[column]]
+            for value in values:
+                path = value.get("path") if isinstance(value, dict) else value if isinstance(value, str) else None
+                reason = _image_problem(value, budget)
+                if reason:
+                    return problem | {"column": column, "reason": reason, "image_file": path or row.get("image_path")}
     if gold_parsers:
         gold = row.get("solution")
         for name, parse in gold_parsers.items():

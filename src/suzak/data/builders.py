@@ -53,9 +53,10 @@ GEOQA_REPO = "leonardPKU/GEOQA_R1V_Train_8K"
 GSM8K_REPO = "openai/gsm8k"
 
 
-def _with_prompt(row: dict, template: str, num_images: int, question_key: str = "problem") -> dict:
+def _with_prompt(row: dict, template: str, num_images: int, question_key: str = "problem", *,
+                 video: bool = False) -> dict:  # fmt: skip
     text = get_template(template).render(str(row[question_key]).strip())
-    return {"prompt": build_conversation(text, num_images=num_images)}
+    return {"prompt": build_conversation(text, num_images=num_images, video=video)}
 
 
 # --- procedural CLEVR -------------------------------------------------------------------------------------------
@@ -263,21 +264,23 @@ def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: s
         records.append(_jsonl_record(row, number, path, root, template, missing))
     if not records:
         raise SuzakError(f"{path}: no rows")
+    videos = [r for r in records if "video" in r]
     if missing:
-        kind = "image(s)" if not any("video" in r for r in records) else "image or video file(s)"
+        kind = "image or video file(s)" if videos else "image(s)"
         raise SuzakError(f"{path}: {len(missing)} {kind} missing, first {missing[0]} (image_root={root})")
-    frame_lists = [r["line"] for r in records if isinstance(r.get("video"), list)]
-    if frame_lists and len(frame_lists) < sum("video" in r for r in records):
-        first = next(r["line"] for r in records if isinstance(r.get("video"), str))
+    frame_lists = [r["line"] for r in videos if isinstance(r["video"], list)]
+    if frame_lists and len(frame_lists) < len(videos):
+        first = next(r["line"] for r in videos if isinstance(r["video"], str))
         raise SuzakError(f"{path}:{first}: a video file, where line {frame_lists[0]} has a list of frames: one file "
                          "holds video files or frame lists, not both")  # fmt: skip
-    if any("video" in r for r in records):  # image lines and video lines: each has None in the other's column
-        columns = set().union(*records)
+    if videos:  # image lines and video lines: each has None in the other's column
+        columns = dict.fromkeys(c for r in records for c in r)
         records = [{c: r.get(c) for c in columns} for r in records]
     dataset = datasets.Dataset.from_list(records)
-    for column, feature in (("image", datasets.Image()), ("images", datasets.List(datasets.Image())),
-                            ("video", datasets.List(datasets.Image()) if frame_lists else None)):  # fmt: skip
-        if column in dataset.column_names and feature is not None:
+    features = {"image": datasets.Image(), "images": datasets.List(datasets.Image())}
+    features |= {"video": datasets.List(datasets.Image())} if frame_lists else {}  # frames decode lazily, as images do
+    for column, feature in features.items():
+        if column in dataset.column_names:
             dataset = dataset.cast_column(column, feature)
     return dataset
 
@@ -293,9 +296,11 @@ def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str,
     if "video" in row:
         video = row["video"]
         if isinstance(video, list) and video and all(isinstance(p, str) for p in video):
-            media, paths = {"video": [str(root / p) for p in video]}, [str(root / p) for p in video]
+            paths = [str(root / p) for p in video]
+            media = {"video": paths}
         elif isinstance(video, str):
-            media, paths = {"video": str(root / video)}, [str(root / video)]
+            paths = [str(root / video)]
+            media = {"video": paths[0]}
         else:
             raise SuzakError(f"{path}:{number}: video must be a file path or a list of frame paths, got {video!r:.60}")
         fps = row.get("video_fps")
@@ -312,9 +317,9 @@ def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str,
         raise SuzakError(f"{path}:{number}: no image ({'/'.join(_IMAGE_KEYS)}/images) or video; got keys {sorted(row)}")
     missing.extend(p for p in paths if not Path(p).is_file())
     own = {k: v for k, v in row.items() if k not in {"image", "images", "video", "video_fps", question_key, gold_key}}
-    text = get_template(template).render(str(row[question_key]).strip())
+    is_video = "video" in media
     return {
-        "prompt": build_conversation(text, 0 if "video" in media else len(paths), video="video" in media),
+        **_with_prompt({"problem": row[question_key]}, template, 0 if is_video else len(paths), video=is_video),
         **media,
         "problem": str(row[question_key]),
         "solution": str(row[gold_key]),
