@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stamp import commit  # bench/stamp.py (the script's folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_eval_speed.jsonl"
 ROW_MARK = "BENCH_ROW "
@@ -137,7 +139,7 @@ def main() -> None:
         found = [line[len(ROW_MARK) :] for line in output.splitlines() if line.startswith(ROW_MARK)]
         tail = " | ".join(output.strip().splitlines()[-3:])[-300:]
         row = json.loads(found[-1]) if found else {"engine": spec, "status": f"exit {result.returncode}: {tail}"}
-        row |= {"date": datetime.date.today().isoformat()}
+        row |= {"date": datetime.date.today().isoformat(), "commit": commit()}
         measured.append(row)
         with open(args.results, "a") as handle:
             handle.write(json.dumps(row) + "\n")

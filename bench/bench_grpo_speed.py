@@ -42,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stamp import commit  # bench/stamp.py (the script's folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_grpo_speed.jsonl"
 H100_BF16_FLOPS = 989e12  # dense bf16, NVIDIA's H100 SXM figure
@@ -313,16 +315,6 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _commit() -> str:
-    if os.environ.get("SUZAK_COMMIT"):  # a copy of the tree without .git (the benchmark GPU machine)
-        return os.environ["SUZAK_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 COLUMNS = ["trainer", "generation", "shape", "completions", "completion_tokens", "prompt_tokens", "s_per_step",
            "cpu_s_per_step", "completion_tokens_per_s", "tokens_per_s", "peak_gib", "device_used_gib", "mfu", "gen_s",
            "score_s", "rest_s", "deepspeed", "overrides", "status"]  # fmt: skip
@@ -422,7 +414,7 @@ def main() -> None:
     measured = []
     for repeat in range(repeats):
         for spec in matrix(args):  # trl and suzak alternate, so a slow spell of the machine hits both
-            row = run_spec(spec, log_dir) | {"date": date, "commit": _commit(), "repeat": repeat}
+            row = run_spec(spec, log_dir) | {"date": date, "commit": commit(), "repeat": repeat}
             measured.append(row)
             with open(args.results, "a") as handle:
                 handle.write(json.dumps(row) + "\n")

@@ -27,13 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from stamp import commit  # bench/stamp.py (the script's folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_vllm_cpu.jsonl"
-
-
-def _commit() -> str:
-    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return os.environ.get("SUZAK_COMMIT") or found.stdout.strip() or "unknown"
 
 
 def train_row(generation: str, steps: int, model: str) -> dict:
@@ -104,7 +101,7 @@ def main() -> None:
     from suzak.models.loading import resolve_model_path
 
     model = resolve_model_path("tiny", for_vllm=True)  # the same model for both generations
-    stamp = {"date": datetime.date.today().isoformat(), "commit": _commit(), "cpus": os.cpu_count()}
+    stamp = {"date": datetime.date.today().isoformat(), "commit": commit(), "cpus": os.cpu_count()}
     rows = [engine_row(model, i + 1) for i in range(args.engine_starts)]
     rows += [train_row(generation, args.steps, model) for generation in args.generations]
     with open(args.results, "a") as file:

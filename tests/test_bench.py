@@ -11,8 +11,8 @@ import pytest
 from conftest import ROOT
 
 GRPO_FIELDS = {"trainer", "generation", "shape", "device", "completions", "completion_tokens", "s_per_step",
-               "completion_tokens_per_s", "peak_gib", "mfu", "status", "date", "gen_s", "score_s", "rest_s"}  # fmt: skip
-EVAL_FIELDS = {"engine", "device", "items", "batch_size", "items_per_s", "status", "date"}
+               "completion_tokens_per_s", "peak_gib", "mfu", "status", "date", "gen_s", "score_s", "rest_s", "commit"}  # fmt: skip
+EVAL_FIELDS = {"engine", "device", "items", "batch_size", "items_per_s", "status", "date", "commit"}
 
 
 def _run(script: str, *args: str, env: dict) -> subprocess.CompletedProcess:

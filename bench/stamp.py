@@ -1,0 +1,19 @@
+"""Which commit a benchmark row measured: `SUZAK_COMMIT` where the tree has no .git (the GPU machine), else git's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    if os.environ.get("SUZAK_COMMIT"):  # a copy of the tree without .git (the benchmark GPU machine)
+        return os.environ["SUZAK_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
