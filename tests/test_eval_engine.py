@@ -187,7 +187,7 @@ def test_vllm_engine_with_a_fake_llm(tiny_model_dir, eval_fixture_dir, tmp_path)
     report = evaluate(config, engine=engine)
     llm = FakeLLM.instances[0]
     assert llm.kwargs["model"] == str(tiny_model_dir)
-    assert llm.kwargs["limit_mm_per_prompt"] == {"image": 1}
+    assert llm.kwargs["limit_mm_per_prompt"] == {"image": 1, "video": 0}  # vLLM profiles images, not video
     assert llm.kwargs["mm_processor_kwargs"] == {"min_pixels": 3136, "max_pixels": 200704}
     assert llm.params[0]["temperature"] == 0.0 and llm.params[0]["max_tokens"] == task.max_new_tokens
     assert set(llm.params[0]["logit_bias"]) == set(vision_token_ids(engine.processing_class))

@@ -255,7 +255,9 @@ class VLLMEngine(_BatchedEngine):
         kwargs: dict[str, Any] = {"model": self.model_path}
         limits = {"image": self.max_images_per_prompt, "video": self.max_videos_per_prompt}
         if any(limits.values()):  # text-only runs pass no multimodal settings
-            kwargs["limit_mm_per_prompt"] = {modality: count for modality, count in limits.items() if count}
+            # a 0 stays: left out, vLLM allows the modality and sizes its start-up memory profile by the largest
+            # (for Qwen's image tasks that was video: "profiled with 4 video items" before an image-only eval)
+            kwargs["limit_mm_per_prompt"] = limits
         if self.max_images_per_prompt > 0:  # (a video request carries its own processor settings)
             kwargs["mm_processor_kwargs"] = {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels}
         return kwargs | self.llm_kwargs
