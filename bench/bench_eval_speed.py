@@ -2,7 +2,8 @@
 
     python bench/bench_eval_speed.py --device cuda --shape 3b             # hf batch 64, then vllm (when it imports)
     python bench/bench_eval_speed.py --device cuda --rows vllm:64 vllm:200
-    python bench/bench_eval_speed.py --device cpu --shape tiny --items 32   # the same script on the CPU (hf only)
+    python bench/bench_eval_speed.py --device cpu --shape tiny --items 32   # the same script on the CPU (hf)
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python bench/bench_eval_speed.py --device cpu --rows hf:8 vllm:8 --items 32
     python bench/bench_eval_speed.py --table bench/results_eval_speed.jsonl
 
 The items are R1-V's SuperCLEVR format (``python -m suzak.eval superclevr``: its question, prompt and scorer) with
@@ -70,10 +71,10 @@ def measure(engine_name: str, batch_size: int, args) -> dict:
 
 
 def _model_path(args) -> str:
-    if args.shape == "tiny":
+    if args.shape == "tiny":  # the vLLM-ready tiny (head_dim 32: vLLM's CPU attention refuses the default's 16)
         from suzak.models.loading import resolve_model_path
 
-        return resolve_model_path("tiny")
+        return resolve_model_path("tiny", for_vllm=True)  # for both engines: one model, comparable rows
     from shapes import make_random_model
 
     return str(make_random_model(args.shape, Path(args.model_dir) / f"qwen2.5-vl-{args.shape}-random"))

