@@ -176,9 +176,12 @@ def test_r1v_extracted_answers_are_r1v_scripts():
     assert score("geoqa", "<answer>140°</answer>", "140°", "r1v") == (None, False)
 
 
-def test_every_task_has_strict_and_only_gsm8k_and_the_video_task_lack_r1v():
-    for task in TASKS.values():
-        assert task.rules == (["strict"] if task.name in ("gsm8k", "moving_ball") else ["r1v", "strict"])
+def test_every_task_has_strict_and_only_gsm8k_the_video_task_and_jsonl_lack_r1v():
+    rewards = [s.reward for s in SCORERS.values() if s.reward]
+    assert TASKS["jsonl"].rules == []  # a user's own file: scored once --reward names the training reward
+    assert [TASKS["jsonl"].scored_by(reward).scorer("strict").reward for reward in rewards] == rewards
+    for task in [t for t in TASKS.values() if t.name != "jsonl"] + [TASKS["jsonl"].scored_by(r) for r in rewards]:
+        assert task.rules == (["strict"] if task.name in ("gsm8k", "moving_ball", "jsonl") else ["r1v", "strict"])
         assert SCORERS[task.scorers["strict"]].reward in REWARDS  # strict is the training reward's parser
         for rule in task.rules:
             assert task.scorer(rule).rule == rule and rule in SCORING_RULES
@@ -187,6 +190,8 @@ def test_every_task_has_strict_and_only_gsm8k_and_the_video_task_lack_r1v():
         get_task("gsm8k").scorer("r1v")
     with pytest.raises(SuzakError, match=r"^moving_ball has no 'r1v' scoring rule \(R1-V has no video task"):
         get_task("moving_ball").scorer("r1v")
+    with pytest.raises(SuzakError, match=r"^jsonl has no 'r1v' scoring rule \(R1-V's rules belong to its own test"):
+        get_task("jsonl").scored_by("clevr_count").scorer("r1v")
     with pytest.raises(SuzakError, match="unknown scoring rule 'loose'"):
         get_task("geoqa").scorer("loose")
     assert get_task("geoqa").other_rule("r1v") == "strict" and get_task("gsm8k").other_rule("strict") is None

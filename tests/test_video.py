@@ -541,6 +541,76 @@ def test_suzak_train_on_a_jsonl_file_mixing_image_and_video_questions(tmp_path, 
     assert sum(1 for r in rows if r["loss"]) == 4
 
 
+class _WordEngine:
+    """Answers 'red' for a row with an image and 'left' for one with a video (the rows ``suzak.eval`` hands its
+    engine), so each item's verdict is known."""
+
+    batch_size = 4
+
+    def generate(self, rows, temperature=0.0, seed=None, on_batch=None):
+        outputs = ["left" if video_of(row) is not None else "red" if "image" in row else "?" for row in rows]
+        on_batch(list(range(len(rows))), outputs)
+        return outputs
+
+
+def test_suzak_eval_jsonl_scores_a_users_image_and_video_questions(tiny_model_dir, tmp_path, capsys):
+    """``python -m suzak.eval jsonl``: a file in training's JSONL format (image and video lines read by training's
+    own line reader), scored by the training reward the user names; each item's verdict is that reward's; the
+    real engine answers a batch mixing images and clips; every misuse is one line before any model loads."""
+    import json
+
+    from suzak.eval import cli
+    from suzak.eval.runner import EvalConfig, evaluate
+
+    data = write_mixed_jsonl(tmp_path, rows=3)
+    flags = {"video_fps": 4.0, "video_max_frames": 8, "video_max_pixels": 4096}
+    config = EvalConfig(task="jsonl", model_path=str(tiny_model_dir), prompt_path=str(data), reward="word_match",
+                        prompt_template="plain", output_path=str(tmp_path / "w.json"), progress=False, **flags)  # fmt: skip
+    report = evaluate(config, engine=_WordEngine())
+    results = json.loads((tmp_path / "w.json").read_text())["results"]
+    golds = [json.loads(line)["solution"] for line in data.read_text().splitlines()]
+    assert [r["ground_truth"] for r in results] == golds and [r["question"]["problem"] for r in results[:2]] == [
+        "Red or blue?", "Left or right?"]  # fmt: skip
+    assert [r["is_correct"] for r in results] == [
+        r["model_output"] == gold for r, gold in zip(results, golds, strict=True)
+    ]
+    assert report.greedy.correct == sum(gold in ("red", "left") for gold in golds) > 0
+
+    out = tmp_path / "hf.json"
+    cli.main(["jsonl", "--model_path", str(tiny_model_dir), "--prompt_path", str(data), "--reward", "word_match",
+              "--prompt_template", "plain", "--max_new_tokens", "4", "--video_fps", "4", "--video_max_frames", "8",
+              "--video_max_pixels", "4096", "--output_path", str(out), "--no_progress"])  # fmt: skip
+    assert len(json.loads(out.read_text())["results"]) == 6
+    summary = (tmp_path / "hf.md").read_text()
+    assert "reward=word_match" in summary and "video=fps 4, 4-8 frames" in summary
+
+    def error(task: str, *args: str) -> str:
+        with pytest.raises(SystemExit) as raised:
+            cli.main([task, "--model_path", "no-such-model", *args])
+        assert "\n" not in str(raised.value)
+        return str(raised.value)
+
+    assert error("jsonl", "--prompt_path", str(data)).startswith("error: jsonl: --reward names the training reward")
+    assert error("jsonl", "--prompt_path", str(data), "--reward", "f1") == (
+        "error: --reward 'f1': no eval scorer agrees with it; one of: clevr_count, math_accuracy, gsm8k_accuracy, "
+        "word_match")  # fmt: skip
+    assert error("clevr_synthetic", "--reward", "clevr_count") == (
+        "error: --reward is for the jsonl task; clevr_synthetic is scored by its own rules"
+    )
+    assert error("jsonl", "--prompt_path", str(data), "--reward", "word_match", "--scoring", "r1v").startswith(
+        "error: jsonl has no 'r1v' scoring rule (R1-V's rules belong to its own test sets)"
+    )
+    assert error("jsonl", "--reward", "word_match").startswith("error: jsonl: pass --prompt_path FILE.jsonl")
+    (tmp_path / "media" / "ball1.mp4").unlink()
+    assert error("jsonl", "--prompt_path", str(data), "--reward", "word_match") == (
+        f"error: {data}:4: video {tmp_path / 'media' / 'ball1.mp4'} does not exist (1 of 6 items bad; --skip_missing "
+        "evaluates the others and counts the skipped)")  # fmt: skip
+    skipped = evaluate(EvalConfig(task="jsonl", model_path=str(tiny_model_dir), prompt_path=str(data),
+                                  reward="word_match", skip_missing=True, output_path=str(tmp_path / "s.json"),
+                                  progress=False, **flags), engine=_WordEngine())  # fmt: skip
+    assert (skipped.greedy.total, skipped.skipped_missing) == (5, 1)
+
+
 def _video_trainer(model_dir, tmp_path, **config):
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=4, max_steps=1, bf16=False, use_cpu=True, report_to="none",

@@ -42,6 +42,7 @@ __all__ = [
     "geoqa_r1v",
     "gsm8k",
     "jsonl",
+    "jsonl_record",
     "read_jsonl",
     "save_dataset",
 ]
@@ -261,7 +262,7 @@ def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: s
     root = Path(image_root) if image_root is not None else path.parent
     records, missing = [], []
     for number, row in read_jsonl(path):
-        records.append(_jsonl_record(row, number, path, root, template, missing))
+        records.append(jsonl_record(row, number, path, root, template, missing))
     if not records:
         raise SuzakError(f"{path}: no rows")
     videos = [r for r in records if "video" in r]
@@ -285,7 +286,11 @@ def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: s
     return dataset
 
 
-def _jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str]) -> dict:
+def jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str]) -> dict:
+    """One JSONL line (``number`` of ``path``) as a data row: its prompt rendered with ``template``, its media paths
+    resolved against ``root`` (``image``, ``images``, or ``video`` with ``video_fps``), ``problem``, ``solution`` and
+    the line's own keys; a line it cannot read is one line naming file and line. Paths that are not files are added
+    to ``missing``. Training's :func:`jsonl` and ``suzak.eval jsonl`` read lines with it."""
     question_key, gold_key = _first_key(row, _QUESTION_KEYS), _first_key(row, _GOLD_KEYS)
     if question_key is None or gold_key is None:
         raise SuzakError(f"{path}:{number}: need a question ({'/'.join(_QUESTION_KEYS)}) and a gold answer "

@@ -30,7 +30,6 @@ from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
     SCORING_RULES,
     TASKS,
-    VIDEO_TASKS,
     EvalItem,
     Task,
     get_task,
@@ -49,6 +48,7 @@ __all__ = [
     "PartialStore",
     "build_engine",
     "default_budget",
+    "eval_task",
     "evaluate",
     "prepare_items",
     "process_state",
@@ -72,9 +72,14 @@ class EvalConfig(VideoBudgetArguments):
     task: str | None = field(default=None, metadata={"help": "what to evaluate on (also the first word of "
                              "`python -m suzak.eval TASK`)", "choices": list(TASKS)})  # fmt: skip
     prompt_path: str | None = field(default=None, metadata={
-        "help": "R1-V eval JSONL (default: R1-V's file name under prompts/); gsm8k: local JSONL"})  # fmt: skip
+        "help": "R1-V eval JSONL (default: R1-V's file name under prompts/); gsm8k: local JSONL; jsonl: your file of "
+                "image or video questions in training's format"})  # fmt: skip
     image_root: str | None = field(default=None, metadata={
-        "help": "folder the image_path entries are relative to (default: the working directory)"})  # fmt: skip
+        "help": "folder the image_path entries are relative to (default: the working directory; jsonl: the file's "
+                "folder, as in training)"})  # fmt: skip
+    reward: str | None = field(default=None, metadata={
+        "help": "jsonl: the training reward whose parser scores the answers (clevr_count, math_accuracy, "
+                "gsm8k_accuracy, word_match)"})  # fmt: skip
     output_path: str | None = field(default=None, metadata={
         "help": "results JSON (default: logs/<task>_results_<model>.json)"})  # fmt: skip
     engine: str = field(default="hf", metadata={
@@ -428,6 +433,19 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
     return result
 
 
+def eval_task(config: EvalConfig) -> Task:
+    """The task ``config`` names; ``jsonl`` scored by ``--reward``, which no other task takes."""
+    task = get_task(config.task)
+    if task.name == "jsonl":
+        if config.reward is None:
+            raise SuzakError("jsonl: --reward names the training reward whose parser scores the answers (e.g. "
+                             "clevr_count, math_accuracy, word_match)")  # fmt: skip
+        return task.scored_by(config.reward)
+    if config.reward is not None:
+        raise SuzakError(f"--reward is for the jsonl task; {task.name} is scored by its own rules")
+    return task
+
+
 def _default_output(task: Task, model_path: str) -> Path:
     name = Path(model_path.rstrip("/")).name or model_path.replace("/", "_")
     return Path("logs") / f"{task.name}_results_{name}.json"
@@ -437,7 +455,7 @@ def seed_output_path(output_path: Path, seed: int) -> Path:
     return output_path.with_name(f"{output_path.stem}.seed{seed}{output_path.suffix}")
 
 
-def _settings(config: EvalConfig, task: Task, budget: PixelBudget) -> dict:
+def _settings(config: EvalConfig, task: Task, budget: PixelBudget, videos: bool = False) -> dict:
     """What makes two runs' outputs interchangeable (the resume check compares these); the chat template's settings
     only when given, so the partial outputs of a run without them still resume."""
     template = {"chat_template_kwargs": config.chat_template_kwargs} if config.chat_template_kwargs else {}
@@ -445,7 +463,9 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget) -> dict:
         template["quantization"] = f"{config.bnb_4bit_quant_type} 4-bit" if config.load_in_4bit else "8-bit"
     if config.opening_in_completion:
         template["opening_in_completion"] = True
-    if task.name in VIDEO_TASKS:  # the video budget decides the frames every answer saw
+    if config.reward is not None:  # jsonl's scorer
+        template["reward"] = config.reward
+    if videos:  # the video budget decides the frames every answer saw
         video = config.video_budget()
         template["video"] = (f"fps {video.fps:g}, {video.min_frames}-{video.max_frames} frames, "
                              f"{video.min_pixels}-{video.max_pixels} pixels a frame"
@@ -464,7 +484,7 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget) -> dict:
 
 def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     """Greedy pass + one sampled pass per seed; R1-V JSON per pass, markdown + JSON summary. None off rank 0."""
-    task = get_task(config.task)
+    task = eval_task(config)
     task.scorer(config.scoring)  # a rule the task lacks stops here, before any model loads
     budget = default_budget(config)
     items, skipped = prepare_items(config, task)
@@ -473,7 +493,7 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     budget = getattr(engine, "budget", budget)  # with the patch factor of the model's processor
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
-    settings = _settings(config, task, budget)
+    settings = _settings(config, task, budget, videos=any(item.video is not None for item in items))
     greedy = run_pass(task, items, engine, output, settings, state=state, fresh=config.fresh, scoring=config.scoring)
     sampled = [
         run_pass(task, items, engine, seed_output_path(output, s), settings, temperature=config.temperature,

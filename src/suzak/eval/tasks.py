@@ -7,6 +7,8 @@ Each task is data loading + a prompt template + its scoring rules, each a scorer
 - ``r1v``: R1-V's eval scripts' rule, exactly, so a figure can stand beside R1-V's published table.
 
 GSM8K has only ``strict``: R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce.
+``jsonl`` (a user's own file of image or video questions) has only ``strict``, scored by the training reward the
+run names (``--reward``).
 
 >>> score("superclevr", "<think> five cars </think> <answer> 5 </answer>", 5)
 (5, True)
@@ -24,7 +26,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +43,13 @@ from suzak.parsing import (
     r1v_math_verify,
 )
 from suzak.parsing import parse_number as _parse_number
-from suzak.prompts import build_conversation, get_template
+from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
 __all__ = [
     "CLEVR_HELDOUT_SEED",
     "SCORERS",
     "SCORING_RULES",
     "TASKS",
-    "VIDEO_TASKS",
     "EvalItem",
     "Scorer",
     "Task",
@@ -197,10 +198,15 @@ def missing_images(items: list[EvalItem]) -> list[str]:
 
 
 def item_problem(item: EvalItem, task: Task) -> str:
-    """Why ``item`` cannot be evaluated ('' when it can): an image file that does not decode to the last byte, or a
-    gold answer one of the task's scoring rules cannot read. Checked at load, before any model loads."""
+    """Why ``item`` cannot be evaluated ('' when it can): an image file that does not decode to the last byte, a video
+    that is missing or unreadable (:func:`suzak.video.video_problem`), or a gold answer one of the task's scoring rules
+    cannot read. Checked at load, before any model loads."""
     from PIL import Image
 
+    from suzak.video import video_problem
+
+    if item.video is not None and (reason := video_problem(item.video)):
+        return reason
     for path in item.image_paths:
         try:
             with Image.open(path) as image:
@@ -249,6 +255,14 @@ class Task:
                              f"use {' or '.join(self.rules)}")  # fmt: skip
         return SCORERS[self.scorers[rule]]
 
+    def scored_by(self, reward: str) -> Task:
+        """This task scored by the ``strict`` scorer that agrees with training reward ``reward`` (``jsonl``'s
+        ``--reward``); one line naming the rewards that have one when it has none."""
+        by_reward = {scorer.reward: scorer.name for scorer in SCORERS.values() if scorer.reward}
+        if reward not in by_reward:
+            raise SuzakError(f"--reward {reward!r}: no eval scorer agrees with it; one of: {', '.join(by_reward)}")
+        return replace(self, scorers={"strict": by_reward[reward]})
+
     def other_rule(self, rule: str) -> str | None:
         """The rule reported beside ``rule`` (None when the task has only one)."""
         return next((r for r in self.rules if r != rule), None)
@@ -258,6 +272,7 @@ class Task:
 _NO_RULE = {
     ("gsm8k", "r1v"): "R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce",
     ("moving_ball", "r1v"): "R1-V has no video task, so there is no R1-V rule to reproduce",
+    ("jsonl", "r1v"): "R1-V's rules belong to its own test sets",
 }
 
 
@@ -317,6 +332,31 @@ def _moving_ball_items(prompt_path: str | None, *, template: str, num_rows: int,
     return items
 
 
+def _jsonl_items(prompt_path: str | None, *, image_root: str | None, template: str, **_unused) -> list[EvalItem]:
+    """A file of image or video questions in training's JSONL format, each line read by the same function as
+    training's ``jsonl`` dataset (:func:`suzak.data.builders.jsonl_record`); paths are relative to ``image_root``,
+    else to the file's folder (as in training). A missing image or video is found by :func:`prepare_items`' checks
+    (one line, or skipped with ``--skip_missing``)."""
+    from suzak.data.builders import jsonl_record, read_jsonl
+
+    if prompt_path is None:
+        raise SuzakError("jsonl: pass --prompt_path FILE.jsonl (image or video questions in training's format: "
+                         "docs/evaluate.md)")  # fmt: skip
+    path = Path(prompt_path)
+    root = Path(image_root) if image_root is not None else path.parent
+    items = []
+    for number, line in read_jsonl(path):
+        row = jsonl_record(line, number, path, root, template, [])
+        images = row.get("images") or ([row["image"]] if row.get("image") else [])
+        video = row.get("video")
+        key = _item_key(len(items), f"{row['problem']} {json.dumps(video)}", images)
+        items.append(EvalItem(len(items), key, line, row["prompt"], row["solution"], tuple(images),
+                              f"{prompt_path}:{number}", video, row.get("video_fps")))  # fmt: skip
+    if not items:
+        raise SuzakError(f"{path}: no rows")
+    return items
+
+
 _COUNT_RULES = {"r1v": "r1v_count", "strict": "count"}  # clevr_synthetic asks R1-V's question: R1-V's rule applies
 TASKS: dict[str, Task] = {
     t.name: t
@@ -331,11 +371,10 @@ TASKS: dict[str, Task] = {
              "held-out procedural CLEVR counting scenes"),
         Task("moving_ball", _moving_ball_items, {"strict": "word"}, "plain", "plain", None, 32, 8,
              "held-out procedural video: which way does the ball move? (left or right)"),
+        Task("jsonl", _jsonl_items, {}, DEFAULT_TEMPLATE, DEFAULT_TEMPLATE, None, 16, 256,
+             "your own JSONL of image or video questions (training's format), scored by --reward"),
     )
 }  # fmt: skip
-
-
-VIDEO_TASKS = ("moving_ball",)  # tasks whose items are videos, read to the --video_* budget
 
 
 def get_task(name: str) -> Task:
