@@ -299,7 +299,8 @@ def test_colocated_video_training_samples_from_the_training_prompt(family, vllm_
 def test_colocated_training_on_a_jsonl_mixing_image_and_video_questions(vllm_env, tmp_path):
     """A local JSONL of image lines and video lines, trained with ``--use_vllm true``: generation batches holding
     both reach vLLM as TRL's image requests beside suzak's video ones (TRL's None for a row without images), vLLM
-    runs exactly the training prompt ids, and the guard finds it following the policy."""
+    runs exactly the training prompt ids, and the guard finds it following the policy; ``suzak.eval jsonl`` then
+    answers the same file with the trained model alike on both engines."""
     from transformers import AutoTokenizer
 
     from test_video import write_mixed_jsonl
@@ -317,6 +318,16 @@ def test_colocated_training_on_a_jsonl_mixing_image_and_video_questions(vllm_env
     assert {"image", "video"} in kinds, kinds  # a generation batch holding both
     checks = _checks(output_dir)
     assert list(checks) == [1] and checks[1] < 1e-5, checks
+    answers = {}  # the trained model on the same file through `suzak.eval jsonl`, with each engine
+    for engine in ("hf", "vllm"):
+        output = tmp_path / f"{engine}.json"
+        run_ok([sys.executable, "-m", "suzak.eval", "jsonl", "--model_path", str(output_dir), "--prompt_path", str(data),
+                "--reward", "word_match", "--prompt_template", "plain", "--engine", engine, "--max_new_tokens", "4",
+                "--video_fps", "4", "--video_max_frames", "8", "--video_max_pixels", "4096", "--output_path",
+                str(output), "--no_progress"], vllm_env)  # fmt: skip
+        answers[engine] = [r["model_output"] for r in json.loads(output.read_text())["results"]]
+    same = [a == b for a, b in zip(answers["hf"], answers["vllm"], strict=True)]
+    assert len(same) == 16 and sum(same) >= 15, answers
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------
