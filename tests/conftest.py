@@ -111,8 +111,8 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def family_model_dir(tmp_path_factory):
-    """``family_model_dir(family)``: the tiny model of a Qwen VL family (suzak.models.tiny.FAMILIES), built once per
-    test session."""
+    """``family_model_dir(family)``: the tiny model of a family (suzak.models.tiny.FAMILIES: the Qwen VL ones and two
+    text-only ones), built once per test session."""
     from suzak.models.tiny import TinyConfig, build_tiny_model
 
     built: dict[str, Path] = {}

@@ -1,4 +1,4 @@
-"""Build a tiny, real Qwen VL model offline: for tests, the smoke run and the self-test. One per family:
+"""Build a tiny, real Qwen model offline (a VL family, or a text-only one): for tests, the smoke run and the self-test.
 
 ============  ======================================  ===================  =============  =======================
 ``--family``  model class                             processor            patch × merge  chat template
@@ -8,6 +8,8 @@ qwen2_5_vl    ``Qwen2_5_VLForConditionalGeneration``  Qwen2_5_VLProcessor  14 ×
 qwen3_vl      ``Qwen3VLForConditionalGeneration``     Qwen3VLProcessor     16 × 2 = 32    Qwen3-VL-Instruct's
 qwen3_5       ``Qwen3_5ForConditionalGeneration``     Qwen3VLProcessor     16 × 2 = 32    Qwen3.5's (thinking)
 qwen3_5_moe   ``Qwen3_5MoeForConditionalGeneration``  Qwen3VLProcessor     16 × 2 = 32    Qwen3.5's (thinking)
+qwen2_5_text  ``Qwen2ForCausalLM``                    (tokenizer only)     (no images)    Qwen2.5-Instruct's
+qwen3_text    ``Qwen3ForCausalLM``                    (tokenizer only)     (no images)    Qwen3's (thinking)
 ============  ======================================  ===================  =============  =======================
 
 No weights or tokenizers can be downloaded here, so this writes a complete model folder from scratch:
@@ -23,11 +25,15 @@ No weights or tokenizers can be downloaded here, so this writes a complete model
   a few tokens;
 - the family's real processor (Qwen2-VL image processor with the family's patch size, merge 2, mean and std).
 
-``AutoProcessor.from_pretrained(DIR)`` and ``AutoModelForImageTextToText.from_pretrained(DIR)`` load the result.
+``AutoProcessor.from_pretrained(DIR)`` and ``AutoModelForImageTextToText.from_pretrained(DIR)`` load the result. The
+two text families (:data:`TEXT`) stand in for the text-only checkpoints a user trains on GSM8K (Qwen2.5-1.5B-Instruct,
+Qwen3): a plain causal LM with the same offline tokenizer layout (Qwen's vocabulary has the vision placeholders
+too) and the model's own chat template, and no processor: ``AutoTokenizer`` and ``AutoModelForCausalLM`` load them.
 
     python -m suzak.tiny --output outputs/tiny-qwen2.5-vl
     python -m suzak.tiny --output outputs/tiny-qwen3-vl --family qwen3_vl
     python -m suzak.tiny --output outputs/tiny-vllm --vllm             # head_dim 32: what vLLM's CPU build runs
+    python -m suzak.tiny --output outputs/tiny-qwen2.5 --family qwen2_5_text   # a text-only causal LM
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "FAMILIES",
     "SPECIAL_TOKENS",
+    "TEXT",
     "TinyConfig",
     "build_tiny_model",
     "build_tokenizer",
@@ -84,19 +91,24 @@ QWEN3_ADDED_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think
 
 @dataclass(frozen=True)
 class _Family:
-    """What differs between the families' tiny models: classes, tokenizer, template, vision tower."""
+    """What differs between the families' tiny models: classes, tokenizer, template, vision tower (none for a text
+    family: no processor, video processor or patch size)."""
 
     model_class: str
     config_class: str
-    processor_class: str
-    video_processor: str  # "qwen2_vl" or "qwen3_vl": the module of the family's video processor
+    processor_class: str | None
+    video_processor: str | None  # "qwen2_vl" or "qwen3_vl": the module of the family's video processor
     tokenizer_class: str  # "qwen2" or "qwen3_5": the module of the family's tokenizer (and pre-tokenizer regex)
     template: str  # chat_templates/<template>.jinja
-    patch_size: int
+    patch_size: int | None
     image_mean: tuple[float, float, float] | None  # None: the image processor's default (OpenAI CLIP's)
     added_tokens: tuple[str, ...]
     rotary_fraction: float = 1.0  # of head_dim under M-RoPE (Qwen3.5 rotates a quarter)
     mrope_split: tuple[int, int, int] = (2, 3, 3)  # (t, h, w) shares of the rotated half: Qwen2.5-VL's 16:24:24
+
+    @property
+    def text_only(self) -> bool:
+        return self.processor_class is None
 
 
 _QWEN2_ADDED = tuple(ADDED_TOKENS)
@@ -113,7 +125,10 @@ FAMILIES: dict[str, _Family] = {
     "qwen3_5_moe": _Family("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeConfig", "Qwen3VLProcessor", "qwen3_vl",
                            "qwen3_5", "qwen3_5", 16, (0.5, 0.5, 0.5), _QWEN3_ADDED, rotary_fraction=0.25,
                            mrope_split=(11, 11, 10)),
+    "qwen2_5_text": _Family("Qwen2ForCausalLM", "Qwen2Config", None, None, "qwen2", "qwen2_5", None, None, _QWEN2_ADDED),
+    "qwen3_text": _Family("Qwen3ForCausalLM", "Qwen3Config", None, None, "qwen2", "qwen3", None, None, _QWEN3_ADDED),
 }  # fmt: skip
+TEXT = ("qwen2_5_text", "qwen3_text")  # text-only causal LMs (Qwen2.5-Instruct's and Qwen3's layout): no images
 QWEN3_5 = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet + full attention, a quarter of head_dim rotated
 MOE = ("qwen3_5_moe",)  # a sparse MoE block (routed experts + a shared expert) in place of each layer's MLP
 DEFAULT_FAMILY = "qwen2_5_vl"
@@ -189,7 +204,7 @@ class TinyConfig:
         if rotated < 2 or rotated % 2:
             raise SuzakError(f"hidden_size {self.hidden_size} gives head_dim {self.head_dim}, {rotated} of it rotated: "
                              "M-RoPE needs an even rotated width")  # fmt: skip
-        if self.mrope_section is None:
+        if self.mrope_section is None and not spec.text_only:  # text models: plain 1-D RoPE
             self.mrope_section = mrope_sections(rotated // 2, spec.mrope_split)
 
     @property
@@ -336,9 +351,12 @@ def build_processor(tokenizer, config: TinyConfig):
 def _text_config(ids: dict[str, int], vocab_size: int, config: TinyConfig, spec: _Family) -> dict:
     head_dim = config.hidden_size // config.num_attention_heads
     rotated = int(head_dim * spec.rotary_fraction)
-    if sum(config.mrope_section) * 2 != rotated:
-        raise ValueError(f"mrope_section {config.mrope_section} must sum to the rotated head_dim/2 = {rotated // 2}")
-    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": config.mrope_section}
+    rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    if not spec.text_only:
+        if sum(config.mrope_section) * 2 != rotated:
+            raise ValueError(f"mrope_section {config.mrope_section} must sum to the rotated head_dim/2 = "
+                             f"{rotated // 2}")  # fmt: skip
+        rope["mrope_section"] = config.mrope_section
     text = {
         "vocab_size": vocab_size,
         "hidden_size": config.hidden_size,
@@ -353,6 +371,8 @@ def _text_config(ids: dict[str, int], vocab_size: int, config: TinyConfig, spec:
         "pad_token_id": ids["<|endoftext|>"],
         "tie_word_embeddings": True,
     }
+    if config.family == "qwen3_text":
+        text["head_dim"] = head_dim
     if config.family in ("qwen3_vl", *QWEN3_5):
         text["head_dim"] = head_dim
         rope["mrope_interleaved"] = True
@@ -396,15 +416,19 @@ def build_model(tokenizer, config: TinyConfig):
     spec = _spec(config.family)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config_class = getattr(transformers, spec.config_class)
-    model_config = config_class(
-        text_config=_text_config(ids, len(tokenizer), config, spec),
-        vision_config=_vision_config(config, spec),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
+    text_config = _text_config(ids, len(tokenizer), config, spec)
+    if spec.text_only:
+        model_config = config_class(**text_config)
+    else:
+        model_config = config_class(
+            text_config=text_config,
+            vision_config=_vision_config(config, spec),
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            tie_word_embeddings=True,
+        )
     torch.manual_seed(config.seed)
     model = getattr(transformers, spec.model_class)(model_config)
     model.generation_config = GenerationConfig(
@@ -416,17 +440,18 @@ def build_model(tokenizer, config: TinyConfig):
 
 
 def build_tiny_model(output: str | Path, config: TinyConfig | None = None) -> Path:
-    """Write tokenizer, processor and a random-init tiny model of ``config.family`` to ``output``; return the folder."""
+    """Write tokenizer, processor (none for a text family) and a random-init tiny model of ``config.family`` to
+    ``output``; return the folder."""
     import json
 
     config = config or TinyConfig()
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)
-    processor = build_processor(tokenizer, config)
+    processing_class = tokenizer if _spec(config.family).text_only else build_processor(tokenizer, config)
     model = build_model(tokenizer, config)
     model.save_pretrained(output)
-    processor.save_pretrained(output)
+    processing_class.save_pretrained(output)
     (output / "suzak_tiny.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("tiny %s (%d parameters, vocab %d) written to %s", config.family, n_params, len(tokenizer), output)
@@ -445,7 +470,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_hidden_layers", type=int, default=TinyConfig.num_hidden_layers)
     parser.add_argument("--vocab_size", type=int, default=TinyConfig.vocab_size, help="BPE vocabulary size")
     parser.add_argument("--family", default=DEFAULT_FAMILY, choices=list(FAMILIES),
-                        help=f"the Qwen VL generation to build (default {DEFAULT_FAMILY})")  # fmt: skip
+                        help=f"the Qwen VL generation to build, or a text-only Qwen ({', '.join(TEXT)}; default "
+                        f"{DEFAULT_FAMILY})")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     sizes = {"seed": args.seed, "num_hidden_layers": args.num_hidden_layers, "vocab_size": args.vocab_size}
