@@ -748,10 +748,20 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         rows = self._video_rows if self._video_rows is not None else [None] * input_ids.size(0)
         if len(rows) != input_ids.size(0):
             raise SuzakError(f"a batch of {input_ids.size(0)} rows came with {len(rows)} rows of video tensors")
-        video_token = self.processing_class.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-        with feeding_videos(model, rows, video_token):
+        with self._feeding_videos(model, rows):
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               *args, **kwargs)  # fmt: skip
+
+    def _feeding_videos(self, model: torch.nn.Module, rows: Sequence[dict | None]):
+        """:func:`feeding_videos` for a VL model's processor; nothing for a text model, whose tokenizer has no video
+        placeholder (a dataset with images or video for a text model stops before step 1: ``suzak.session``)."""
+        video_token = getattr(self.processing_class, "video_token_id", None)  # a VL processor's; a tokenizer has none
+        if video_token is None:
+            if any(row is not None for row in rows):
+                raise SuzakError(f"{type(self.processing_class).__name__} has no video placeholder: a text model "
+                                 "cannot take video rows")  # fmt: skip
+            return nullcontext()
+        return feeding_videos(model, rows, video_token)
 
     @contextmanager
     def _videos(self, rows: list[dict | None] | None):
@@ -845,9 +855,8 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         against what vLLM returned."""
         length = batch["completion_ids"].size(1)
         videos = batch.get(VIDEO_FIELDS)
-        video_token = self.processing_class.tokenizer.convert_tokens_to_ids("<|video_pad|>")
         with self.accelerator.autocast(), (nullcontext() if videos is None else
-                                           feeding_videos(self.model, [videos[row]], video_token)):  # fmt: skip
+                                           self._feeding_videos(self.model, [videos[row]])):  # fmt: skip
             logits = self.model(**_row_model_inputs(batch, row), logits_to_keep=length + 1).logits[0, :-1]  # (C, V)
         bias = self.vllm_generation.generation_kwargs.get("logit_bias") or {}
         logps = sampling_logps(logits, temperature=self.temperature, logit_bias=bias, top_k=self.top_k or 0,

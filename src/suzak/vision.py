@@ -531,8 +531,14 @@ def processor_bounds(processor: Any) -> tuple[int, int] | None:
 
 
 def vision_token_ids(processing_class: Any) -> list[int]:
-    """Ids of the vision placeholder tokens this tokenizer has (none for a text-only tokenizer)."""
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    """Ids of the vision placeholder tokens of a VL model's processor: what generation may never sample.
+
+    None for a text model's tokenizer, though Qwen's text tokenizers hold the placeholders too: a text model reads
+    them as any other token (no image features to mismatch), so its generation stays exactly TRL's.
+    """
+    if getattr(processing_class, "image_processor", None) is None:
+        return []
+    tokenizer = processing_class.tokenizer
     vocab = tokenizer.get_vocab()
     return [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
 
