@@ -1,8 +1,12 @@
-"""Every Qwen VL generation suzak supports, on its own offline tiny model: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5.
+"""Every Qwen VL generation suzak supports, on its own offline tiny model: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5;
+and the text-only Qwen2.5 and Qwen3 causal LMs a user trains on GSM8K.
 
-For each family: the tiny model is the family's real classes, template and tokens; the pixel budget's factor is read
-from the model and its visual-token prediction equals what the processor makes of 8 mixed image sizes; a GRPO step
-and an evaluation run; SFT, a LoRA export and a release. A family suzak does not know is one line.
+For each VL family: the tiny model is the family's real classes, template and tokens; the pixel budget's factor is
+read from the model and its visual-token prediction equals what the processor makes of 8 mixed image sizes; a GRPO
+step and an evaluation run; SFT, a LoRA export and a release. For each text family: the real classes and template,
+no processor, nothing suppressed; a GRPO step, an evaluation run, SFT, a LoRA export and a release, each a text
+model's (tests/test_text_dropin.py holds TRL's own GRPO test patterns on them). A family suzak does not know is one
+line, and so are images for a text model.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from suzak import SuzakError
-from suzak.models.tiny import SPECIAL_TOKENS, chat_template
+from suzak.models.tiny import SPECIAL_TOKENS, TEXT, chat_template
 from suzak.prompts import build_conversation, render_prompt
 from suzak.vision import VISION_PLACEHOLDERS, PixelBudget, configure_processor, patch_factor, vision_token_ids
 
@@ -204,6 +208,152 @@ def test_lora_export_and_release_on_each_family(family_model_dir, loaded, tmp_pa
     card = ModelCard.load(release / "README.md").text
     tokens = 50176 // FACTOR[family] ** 2  # the smoke recipe's max_pixels
     assert f"3136..50176 pixels (at most {tokens} visual tokens of {FACTOR[family]}x{FACTOR[family]} pixels" in card
+
+
+# --- the text-only families ------------------------------------------------------------------------------------------
+
+TEXT_MODEL_CLASS = {"qwen2_5_text": "Qwen2ForCausalLM", "qwen3_text": "Qwen3ForCausalLM"}
+QUESTION = "Natalia sold 48 clips. How many clips did Natalia sell?"
+TEXT_RENDERED = {  # Qwen2.5-Instruct's default system prompt; Qwen3 has none
+    "qwen2_5_text": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                    f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n",
+    "qwen3_text": f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", TEXT)
+def test_text_tiny_model_is_the_familys_own(family_model_dir, family):
+    """The real causal LM class and tokenizer, the template the real checkpoint ships (TRL's verbatim copy), Qwen's
+    added tokens whole; no processor, so TRL's ``AutoProcessor`` gives the tokenizer, and no pixel budget factor or
+    suppressed token: a text model samples the vision placeholders of its vocabulary as TRL lets it."""
+    import trl
+    from trl import ModelConfig
+
+    from suzak.models.loading import load_model_and_processor, model_budget
+
+    path = family_model_dir(family)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    assert type(model).__name__ == TEXT_MODEL_CLASS[family] and type(tokenizer).__name__ == "Qwen2Tokenizer"
+    assert model.config.model_type == {"qwen2_5_text": "qwen2", "qwen3_text": "qwen3"}[family]
+    shipped = Path(trl.__file__).parent / "chat_templates" / f"{family.removesuffix('_text')}.jinja"
+    assert tokenizer.chat_template == chat_template(family) == shipped.read_text(encoding="utf-8")
+    conversation = build_conversation(QUESTION, 0)
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    assert rendered == TEXT_RENDERED[family]
+    if family == "qwen3_text":  # thinking off: the template closes an empty thinking block
+        assert tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=False).endswith("<think>\n\n</think>\n\n")  # fmt: skip
+    assert all(tokenizer.tokenize(token) == [token] for token in SPECIAL_TOKENS)
+    assert not {"processor_config.json", "preprocessor_config.json"} & {p.name for p in path.iterdir()}
+    assert type(AutoProcessor.from_pretrained(path)).__name__ == "Qwen2Tokenizer"  # what TRL loads by name
+    assert vision_token_ids(tokenizer) == [] and patch_factor(tokenizer) is None and patch_factor(model) is None
+    loaded, processing_class = load_model_and_processor(ModelConfig(model_name_or_path=str(path)), None)
+    assert type(loaded).__name__ == TEXT_MODEL_CLASS[family] and processing_class.padding_side in ("left", "right")
+    assert model_budget(ModelConfig(model_name_or_path=str(path)), 3136, 401408).factor is None
+
+
+@pytest.mark.parametrize("family", TEXT)
+def test_grpo_step_on_each_text_family(family_model_dir, gsm8k_jsonl, tmp_path, family):
+    """suzak's loader and trainer on GSM8K rows: every parameter trained, nothing suppressed in generation."""
+    from suzak.data.builders import gsm8k
+    from test_trainer import changed, length_reward, make_trainer, snapshot
+
+    trainer = make_trainer(family_model_dir(family), tmp_path, gsm8k(path=str(gsm8k_jsonl)), [length_reward],
+                           budget=PixelBudget(), max_steps=2)  # fmt: skip
+    assert type(trainer.model).__name__ == TEXT_MODEL_CLASS[family] and trainer.suppressed_token_ids == []
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert len([log["loss"] for log in trainer.state.log_history if "loss" in log]) == 2
+    assert [name for name, moved in changed(before, trainer.model).items() if not moved] == []
+
+
+@pytest.mark.parametrize("family", TEXT)
+def test_evaluation_run_on_each_text_family(family_model_dir, gsm8k_jsonl, tmp_path, family):
+    """``suzak.eval gsm8k`` (HF engine) on the family's tiny causal LM: R1-V's results file, no pixel figures."""
+    from suzak.eval import cli
+
+    out = tmp_path / "gsm8k.json"
+    cli.main(["gsm8k", "--model_path", str(family_model_dir(family)), "--prompt_path", str(gsm8k_jsonl),
+              "--batch_size", "2", "--max_new_tokens", "6", "--output_path", str(out), "--no_progress"])  # fmt: skip
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 4 and all(isinstance(r["model_output"], str) for r in results)
+    assert "pixels_per_visual_token" not in (tmp_path / "gsm8k.md").read_text()
+
+
+@pytest.mark.parametrize("family", TEXT)
+def test_sft_step_on_each_text_family(family_model_dir, tmp_path, family):
+    """suzak.sft's trainer on GSM8K rows (the completion only in the loss) takes optimizer steps."""
+    from suzak.configs import parse_sft_args
+    from suzak.sft import build_sft_trainer
+
+    suzak_args, sft_args, model_args = parse_sft_args([
+        "--config", str(ROOT / "recipes" / "sft_smoke.yaml"), "--model_name_or_path", str(family_model_dir(family)),
+        "--dataset_options", '{"num_rows": 8}', "--eval_rows", "0", "--max_steps", "2", "--save_strategy", "no",
+        "--output_dir", str(tmp_path / "sft")])  # fmt: skip
+    trainer = build_sft_trainer(suzak_args, sft_args, model_args)
+    assert type(trainer.model).__name__ == TEXT_MODEL_CLASS[family]
+    trainer.train()
+    assert trainer.state.global_step == 2 and any("loss" in log for log in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("family", TEXT)
+def test_lora_export_and_release_on_each_text_family(family_model_dir, tmp_path, family):
+    """A LoRA adapter merges into the family's causal LM with the same outputs (the export names the causal LM class
+    and GSM8K), and the release card is a text model's: text-generation, no pixel budget, AutoModelForCausalLM."""
+    from huggingface_hub import ModelCard
+    from peft import LoraConfig, get_peft_model
+
+    from suzak.release.export import export_lora, loading_hint
+    from suzak.release.publish import build_release
+    from test_release import make_run_dir
+
+    path = family_model_dir(family)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    inputs = tokenizer(TEXT_RENDERED[family], return_tensors="pt")
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(path), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    with torch.no_grad():
+        expected = adapted.eval()(**inputs).logits
+    adapter = tmp_path / "run-lora"
+    adapted.save_pretrained(adapter)
+    tokenizer.save_pretrained(adapter)
+    merged_dir = export_lora(adapter)
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir)
+    assert type(merged).__name__ == TEXT_MODEL_CLASS[family]
+    with torch.no_grad():
+        assert torch.allclose(merged.eval()(**inputs).logits, expected, atol=1e-4)
+    assert loading_hint(merged_dir) == (f"exported to {merged_dir}: load with AutoModelForCausalLM.from_pretrained("
+                                        f"'{merged_dir}'); evaluate with `python -m suzak.eval gsm8k --model_path "
+                                        f"{merged_dir}`")  # fmt: skip
+    run = make_run_dir(tmp_path, path, recipe=str(ROOT / "recipes" / "gsm8k_smoke.yaml"),
+                       model="Qwen/Qwen2.5-1.5B-Instruct", dataset="gsm8k")  # fmt: skip
+    card = ModelCard.load(build_release(run, tmp_path / "release", "me/tiny") / "README.md")
+    assert card.data.pipeline_tag == "text-generation" and "vision-language" not in card.data.tags
+    assert "| pixel budget | none (a text model: no images) |" in card.text
+    assert 'AutoModelForCausalLM.from_pretrained("me/tiny")' in card.text and "AutoProcessor" not in card.text
+
+
+def test_images_for_a_text_model_are_one_line(tmp_path, run_env, eval_fixture_dir):
+    """An image recipe or an image benchmark on a text model: one line each, before step 1 or before generating."""
+    result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/smoke.yaml",
+                             "--model_name_or_path", "tiny:qwen2_5_text", "--output_dir", str(tmp_path / "run")],
+                            cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "error: dataset clevr_synthetic has images or video (column image) but the model has no vision tower: use a "
+        "vision-language model, or a text dataset")  # fmt: skip
+    from suzak.eval.tasks import get_task
+
+    prompts = eval_fixture_dir / get_task("superclevr").prompt_path
+    result = subprocess.run([sys.executable, "-m", "suzak.eval", "superclevr", "--model_path", "tiny:qwen2_5_text",
+                             "--image_root", str(eval_fixture_dir), "--prompt_path", str(prompts), "--output_path",
+                             str(tmp_path / "sc.json"), "--no_progress"],
+                            cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        f"error: model tiny:qwen2_5_text is a text model (no vision tower) but superclevr's questions have images or "
+        f"video ({prompts}:1): evaluate it on text questions (gsm8k, with --prompt_path for your own GSM8K-format "
+        "file)")  # fmt: skip
 
 
 @pytest.mark.slow

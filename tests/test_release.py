@@ -43,12 +43,13 @@ def secrets_env(monkeypatch):
     return SECRETS
 
 
-def make_run_dir(root: Path, tiny_model_dir: Path) -> Path:
+def make_run_dir(root: Path, tiny_model_dir: Path, recipe: str = SMOKE, model: str = "Qwen/Qwen2.5-VL-3B-Instruct",
+                 dataset: str = "clevr_cogen") -> Path:  # fmt: skip
     """A finished run's output dir without training: the tiny model, recipe.yaml, run_info.json, metrics.csv."""
     run = root / "run"
     shutil.copytree(tiny_model_dir, run)
     (run / "optimizer.pt").write_bytes(b"training state, never released")
-    argv = ["--config", SMOKE, "--model_name_or_path", "Qwen/Qwen2.5-VL-3B-Instruct", "--dataset_name", "clevr_cogen",
+    argv = ["--config", recipe, "--model_name_or_path", model, "--dataset_name", dataset,
             "--hub_token", SECRETS["HF_TOKEN"], "--output_dir", str(run)]  # fmt: skip
     parsed = parse_args(argv)
     save_recipe(run, full_argv(argv), parsed)

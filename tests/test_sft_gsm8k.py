@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -86,6 +87,62 @@ def test_clevr_sft_smoke_starts_clevr_grpo(tmp_path, run_env):
     assert type(AutoModelForImageTextToText.from_pretrained(sft_out)).__name__ == "Qwen2_5_VLForConditionalGeneration"
     run_ok(["bash", "src/scripts/run_grpo_clevr.sh", "--preset", "smoke", "--model_name_or_path", str(sft_out),
           "--max_steps", "2", "--output_dir", str(tmp_path / "grpo")], run_env)  # fmt: skip
+
+
+# --- on a text-only model (a user's Qwen2.5-1.5B-Instruct or Qwen3; here their tiny stand-ins) -----------------------
+
+
+def test_gsm8k_grpo_on_a_text_model_trains_and_saves(family_model_dir, tmp_path, run_env):
+    """The command of the report that GRPO on a text model died at step 1 (``processing_class.tokenizer``: a text
+    model's processing class is its tokenizer), with a local folder of a plain ``Qwen2ForCausalLM``."""
+    out = tmp_path / "out"
+    run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/gsm8k_smoke.yaml", "--model_name_or_path",
+            str(family_model_dir("qwen2_5_text")), "--max_steps", "2", "--save_strategy", "no", "--bf16", "false",
+            "--output_dir", str(out)], run_env)  # fmt: skip
+    with (out / "metrics.csv").open() as handle:
+        assert [int(r["step"]) for r in csv.DictReader(handle) if r.get("loss")] == [1, 2]
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert not (out / "processor_config.json").exists()  # a tokenizer, as loaded
+
+
+@pytest.mark.slow
+def test_text_model_grpo_resume_sft_lora_eval_and_release(tmp_path, run_env):
+    """What a user runs on a text model, end to end: GSM8K GRPO through the launch script on tiny Qwen3 (dr_grpo,
+    num_iterations 2, held-out accuracy), stopped after step 2 and resumed with ``latest``; an SFT warm start of tiny
+    Qwen2.5, GRPO with LoRA from it, the adapter merged, evaluated and released."""
+    grpo = tmp_path / "grpo"
+    flags = ["bash", "src/scripts/run_grpo_gsm8k.sh", "--preset", "smoke", "--model_name_or_path", "tiny:qwen3_text",
+             "--loss_type", "dr_grpo", "--num_iterations", "2", "--save_steps", "2", "--lr_scheduler_type", "constant",
+             "--output_dir", str(grpo)]  # fmt: skip
+    run_ok(flags + ["--max_steps", "2"], run_env)
+    result = run_ok(flags + ["--max_steps", "4", "--resume_from_checkpoint", "latest", "--resume_override", "true"],
+                    run_env)  # fmt: skip
+    assert f"resuming from {grpo / 'checkpoint-2'}" in result.stderr
+    state = last_trainer_state(grpo)
+    assert state["global_step"] == 4 and [log["step"] for log in state["log_history"] if "loss" in log] == [1, 2, 3, 4]
+    assert sorted(log["step"] for log in state["log_history"] if "eval/accuracy" in log) == [0, 2, 4]
+    assert json.loads((grpo / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+
+    sft, lora = tmp_path / "sft", tmp_path / "lora"
+    run_ok(["bash", "src/scripts/run_sft.sh", "--preset", "smoke", "--model_name_or_path", "tiny:qwen2_5_text",
+            "--max_steps", "4", "--save_strategy", "no", "--eval_rows", "0", "--output_dir", str(sft)], run_env)  # fmt: skip
+    run_ok(["bash", "src/scripts/run_grpo_gsm8k.sh", "--preset", "smoke", "--model_name_or_path", str(sft),
+            "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj",
+            "--max_steps", "2", "--save_strategy", "no", "--output_dir", str(lora)], run_env)  # fmt: skip
+    assert json.loads((lora / "adapter_config.json").read_text())["base_model_name_or_path"] == str(sft)
+    result = run_ok([sys.executable, "-m", "suzak.export", "lora", str(lora)], run_env)
+    merged = Path(f"{lora}-merged")
+    assert "load with AutoModelForCausalLM" in result.stdout and "suzak.eval gsm8k" in result.stdout
+    results = tmp_path / "gsm8k.json"
+    run_ok([sys.executable, "-m", "suzak.eval", "gsm8k", "--model_path", str(merged), "--prompt_path",
+            str(ROOT / "tests" / "fixtures" / "gsm8k_tiny.jsonl"), "--max_new_tokens", "8", "--output_path",
+            str(results), "--no_progress"], run_env)  # fmt: skip
+    assert len(json.loads(results.read_text())["results"]) == 4
+    run_ok([sys.executable, "-m", "suzak.release", "--checkpoint", str(lora), "--repo_id", "me/tiny-gsm8k",
+            "--eval_results", str(results), "--dry_run"], run_env)  # fmt: skip
+    card = (lora / "release" / "README.md").read_text()
+    assert "pipeline_tag: text-generation" in card and "none (a text model: no images)" in card
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")))

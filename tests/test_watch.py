@@ -174,3 +174,16 @@ def test_before_after_line(tmp_path):
     assert before_after(run) == ("held-out eval/accuracy 0.000 at step 0 -> 0.900 at step 6; "
                                  "reward 0.583 (steps 1-6) -> 0.583 (steps 1-6)")  # fmt: skip
     assert before_after(tmp_path) is None
+
+
+def test_before_after_says_held_out_of_held_out_columns_only(tmp_path):
+    """A reward named after accuracy (GSM8K's) and SFT's token accuracy are training metrics, not held-out ones."""
+    folder = tmp_path / "run"
+    argv = ["--config", DEMO, "--max_steps", "2", "--output_dir", str(folder)]
+    start_run(folder, argv, parse_args(argv))
+    metrics = MetricsCSVCallback(folder)
+    for step in (1, 2):
+        metrics.on_log(SimpleNamespace(output_dir=str(folder)), _state(step), None,
+                       logs={"reward": 0.5 * step, "rewards/gsm8k_accuracy/mean": 0.5 * step,
+                             "gsm8k_accuracy/unparsed_frac": 1.0, "mean_token_accuracy": 0.1 * step})  # fmt: skip
+    assert before_after(folder) == "reward 0.750 (steps 1-2) -> 0.750 (steps 1-2)"

@@ -40,7 +40,7 @@ from suzak.eval.tasks import (
     score_rules,
 )
 from suzak.video import VideoBudgetArguments
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget
+from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
 
 __all__ = [
     "EvalConfig",
@@ -319,6 +319,18 @@ def default_budget(config: EvalConfig) -> PixelBudget:
     return PixelBudget(config.min_pixels or DEFAULT_MIN_PIXELS, config.max_pixels or DEFAULT_MAX_PIXELS)
 
 
+def _check_modality(config: EvalConfig, task: Task, items: list[EvalItem], processing_class: Any) -> None:
+    """A text model (its processing class is a tokenizer, no image processor) asked about images or video is one
+    line, before any generation (its chat template cannot even render an image part)."""
+    if patch_factor(processing_class) is not None:
+        return
+    media = next((item for item in items if item.images or item.video is not None), None)
+    if media is not None:
+        raise SuzakError(f"model {config.model_path} is a text model (no vision tower) but {task.name}'s questions "
+                         f"have images or video ({media.where()}): evaluate it on text questions (gsm8k, with "
+                         "--prompt_path for your own GSM8K-format file)")  # fmt: skip
+
+
 def _warn_budget(model_path: str, saved: PixelBudget | None, budget: PixelBudget) -> None:
     logger.info("pixel budget: min_pixels=%d max_pixels=%d", budget.min_pixels, budget.max_pixels)
     if saved is not None and saved != budget:
@@ -341,6 +353,7 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
                                     config.use_bnb_nested_quant)  # fmt: skip
         model, processing_class = load_eval_model(config.model_path, dtype=config.dtype, device=eval_device(),
                                                   quantization=quantization)  # fmt: skip
+        _check_modality(config, task, items, processing_class)
         _warn_budget(config.model_path, saved_budget(processing_class), budget)
         engine = HFEngine(model, processing_class, budget, batch_size, max_new_tokens, progress=progress)
         engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
@@ -352,6 +365,7 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
 
     path = merged_model_dir(config.model_path)
     processing_class = AutoProcessor.from_pretrained(path)
+    _check_modality(config, task, items, processing_class)
     _warn_budget(config.model_path, saved_budget(processing_class), budget)
     try:
         repetition_penalty = GenerationConfig.from_pretrained(path).repetition_penalty or 1.0

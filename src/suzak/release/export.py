@@ -10,8 +10,9 @@
 - ``lora``: loads the adapter's base model, applies the adapter with PEFT, merges it (``merge_and_unload``) and saves
   the full model with the processor. Default output ``<adapter>-merged``.
 
-Both folders then load with ``AutoModelForImageTextToText`` / ``AutoProcessor`` and evaluate with
-``python -m suzak.eval TASK --model_path DIR``; ``python -m suzak.release --checkpoint DIR`` publishes them.
+Both folders then load with ``AutoModelForImageTextToText`` / ``AutoProcessor`` (a text model's with
+``AutoModelForCausalLM`` / ``AutoTokenizer``) and evaluate with ``python -m suzak.eval TASK --model_path DIR``;
+``python -m suzak.release --checkpoint DIR`` publishes them.
 """
 
 from __future__ import annotations
@@ -165,5 +166,14 @@ def main(argv: list[str] | None = None) -> None:
             output = export_lora(args.checkpoint, args.output, base_model=args.base_model, dtype=args.dtype)
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
-    print(f"exported to {output}: load with AutoModelForImageTextToText.from_pretrained('{output}'); evaluate with "
-          f"`python -m suzak.eval superclevr --model_path {output}`")  # fmt: skip
+    print(loading_hint(output))
+
+
+def loading_hint(folder: Path) -> str:
+    """What the export printed: how to load the folder and a task to evaluate it on (GSM8K for a text model)."""
+    from transformers import AutoConfig
+
+    model_class = _model_class(AutoConfig.from_pretrained(folder))
+    task = "superclevr" if model_class.__name__ == "AutoModelForImageTextToText" else "gsm8k"
+    return (f"exported to {folder}: load with {model_class.__name__}.from_pretrained('{folder}'); evaluate with "
+            f"`python -m suzak.eval {task} --model_path {folder}`")  # fmt: skip

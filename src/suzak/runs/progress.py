@@ -205,17 +205,19 @@ def read_progress(output_dir: str | Path, completions: CSVTail | None = None) ->
 
 
 def before_after(output_dir: str | Path) -> str | None:
-    """One line: held-out accuracy (each ``*accuracy*`` column) and mean reward, at the start and at the end of the
-    run; None when ``metrics.csv`` has neither.
+    """One line: held-out accuracy (each ``eval/*accuracy*`` column: the generation eval's) and mean reward, at the
+    start and at the end of the run; None when ``metrics.csv`` has neither.
 
-    The reward is averaged over the first and the last 10 logged steps (one step's batch is noisy).
+    Training's own columns that name an accuracy (``rewards/gsm8k_accuracy/mean``, SFT's ``mean_token_accuracy``) are
+    not held out, so they are not in the line. The reward is averaged over the first and the last 10 logged steps (one
+    step's batch is noisy).
     """
     path = Path(output_dir) / METRICS_FILE
     if not path.is_file():
         return None
     progress = Progress(Path(output_dir), read_metrics(path))
     parts = []
-    for column in sorted(c for c in progress.columns() if "accuracy" in c.lower()):
+    for column in sorted(c for c in progress.columns() if c.startswith("eval/") and "accuracy" in c.lower()):
         points = progress.series(column)
         if len(points) >= 2:
             (first_step, first), (last_step, last) = points[0], points[-1]
