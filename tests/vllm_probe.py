@@ -80,3 +80,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def hash_or_length(completions, **kwargs) -> list[float]:
+    """A reward by dotted path (``vllm_probe.hash_or_length``): 1.0 for a ``####`` answer line (so the pre-flight's
+    ideal GSM8K answers score full marks), else a share of the length, which varies within every group of a random
+    model's completions, so each step moves the weights (GSM8K's own rewards score a tiny model's completions 0)."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [1.0 if "####" in text else min(len(text), 100) / 200 for text in texts]
