@@ -34,7 +34,8 @@ from typing import Any
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.parsing import gold_answer
+from suzak.boxes import box_problem, model_answer
+from suzak.parsing import gold_answer, gold_boxes
 from suzak.prompts import after_opening, render_answer, template_opening
 from suzak.trl_internals import reward_call_kwargs
 from suzak.video import row_clip, video_problem
@@ -102,7 +103,7 @@ def _ideal_completions(rows: list[dict], answer_format: str) -> list[str]:
     ideals = []
     for i, row in enumerate(rows):
         try:
-            ideals.append(render_answer(answer_format, gold_answer(row["solution"])))
+            ideals.append(render_answer(answer_format, model_answer(row)))
         except (ValueError, TypeError) as exc:
             raise SuzakError(f"reward pre-flight: row {i} (solution {row['solution']!r:.200}): {exc}") from exc
     return ideals
@@ -330,12 +331,13 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
         reason = video_problem(video) if "video" in row else ""
         if reason:
             return problem | {"column": "video", "reason": reason, "image_file": file}
-    else:  # an image row
+    sizes: list[tuple[int, int]] = []
+    if video is None and image_columns:  # an image row
         for column in image_columns:
             values = row[column] if isinstance(row[column], list) else [row[column]]
             for value in values:
                 path = value.get("path") if isinstance(value, dict) else value if isinstance(value, str) else None
-                reason = _image_problem(value, budget)
+                reason = _image_problem(value, budget, sizes)
                 if reason:
                     return problem | {"column": column, "reason": reason, "image_file": path or row.get("image_path")}
     if gold_parsers:
@@ -348,11 +350,26 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
                                   f"({error})"}  # fmt: skip
             if value is None:
                 return problem | {"column": "solution", "reason": f"{name} cannot read the gold answer {gold!r:.80}"}
+            if parse is gold_boxes and (reason := _boxes_problem(value, sizes, name)):
+                return problem | {"column": "solution", "reason": reason}
     return problem
 
 
-def _image_problem(value: Any, budget: PixelBudget) -> str:
-    """Why an image cell cannot be trained on ('' when it can): stored bytes, a file path or a decoded image."""
+def _boxes_problem(boxes: list, sizes: list[tuple[int, int]], reward: str) -> str:
+    """Why a grounding row's gold boxes (original pixels) cannot be trained on ('' when they can): the row needs one
+    image, and each box must lie inside it with x1 < x2 and y1 < y2 (:func:`suzak.boxes.box_problem`)."""
+    if len(sizes) != 1:
+        return f"{reward} reads boxes on one image, and the row has {len(sizes)}"
+    width, height = sizes[0]
+    for box in boxes:
+        if reason := box_problem(list(box), width, height):
+            return f"gold box {[round(v, 2) for v in box]}: {reason} ({reward} reads boxes in original-image pixels)"
+    return ""
+
+
+def _image_problem(value: Any, budget: PixelBudget, sizes: list | None = None) -> str:
+    """Why an image cell cannot be trained on ('' when it can): stored bytes, a file path or a decoded image. The
+    image's (width, height) goes to ``sizes`` when it can."""
     if value is None or (isinstance(value, dict) and not value.get("bytes") and not value.get("path")):
         return "no image"
     try:
@@ -365,6 +382,8 @@ def _image_problem(value: Any, budget: PixelBudget) -> str:
             image.load()  # decode every byte: a truncated file fails here
         to_rgb(image)  # every mode converts (fit_image's first step); the resampling itself cannot fail
         budget.size(image.height, image.width)
+        if sizes is not None:
+            sizes.append(image.size)
     except FileNotFoundError:
         return "image file not found"
     except Image.UnidentifiedImageError:

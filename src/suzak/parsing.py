@@ -20,6 +20,7 @@ Decimal('72')
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import threading
@@ -27,15 +28,19 @@ from collections.abc import Callable
 from decimal import Decimal
 
 __all__ = [
+    "box_parser",
     "completion_text",
     "content_text",
     "count_parser",
     "extract_tag",
     "gold_answer",
+    "gold_boxes",
     "has_gsm8k_hash_line",
+    "is_box_answer",
     "is_think_format",
     "math_equal",
     "message_text",
+    "parse_boxes",
     "parse_count",
     "parse_gsm8k_answer",
     "parse_int_answer",
@@ -69,6 +74,13 @@ _THINK_FORMAT_RE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.D
 _R1V_COUNT_RE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
 # R1-V's training reward reads tag contents with this: the first pair on one line ("." stops at a newline).
 _R1V_TAG_RE = re.compile(r"<answer>(.*?)</answer>")
+# A box as the Qwen families write one: Qwen2-VL's tokens, or 4 numbers in brackets (JSON "bbox_2d" values, VLM-R1's
+# plain lists). A list of 3 or 5 numbers is no box.
+_BOX_NUMBER = r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*"
+_BOX_RE = re.compile(
+    rf"<\|box_start\|>\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*,\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*<\|box_end\|>"
+    rf"|\[{_BOX_NUMBER},{_BOX_NUMBER},{_BOX_NUMBER},{_BOX_NUMBER}\]"
+)
 # math-verify's own defaults (what R1-V ran with). Its timeouts use signal.alarm, which only works in the main thread.
 _PARSE_TIMEOUT_S = 5
 _VERIFY_TIMEOUT_S = 5
@@ -292,6 +304,82 @@ def count_parser(answer_format: str) -> Callable[[str], int | None]:
         raise ValueError(
             f"count answer_format must be one of {', '.join(_COUNT_PARSERS)}, got {answer_format!r}"
         ) from None
+
+
+def parse_boxes(text: str) -> list[tuple[float, float, float, float]]:
+    """Every box in ``text``, in the order written, in whatever frame the writer used: Qwen2-VL's
+    ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``, JSON ``bbox_2d`` values (one object or a list of them) or a plain
+    ``[x1, y1, x2, y2]`` (also several, as ``[[...], [...]]``). A list of another length is no box.
+
+    >>> parse_boxes('<|box_start|>(12,40),(300, 512)<|box_end|>')
+    [(12.0, 40.0, 300.0, 512.0)]
+    >>> parse_boxes('```json\\n[{"bbox_2d": [1, 2, 30, 40], "label": "cup"}, {"bbox_2d": [5, 6, 7.5, 8]}]\\n```')
+    [(1.0, 2.0, 30.0, 40.0), (5.0, 6.0, 7.5, 8.0)]
+    >>> parse_boxes("[1, 2, 3]"), parse_boxes("[1, 2, 3, 4, 5]"), parse_boxes("[[1, 2, 3, 4], [5, 6, 7, 8]]")
+    ([], [], [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)])
+    """
+    boxes = []
+    for match in _BOX_RE.finditer(text):
+        values = [v for v in match.groups() if v is not None]
+        boxes.append(tuple(float(v) for v in values))
+    return boxes
+
+
+def gold_boxes(text: str) -> list[tuple[float, float, float, float]] | None:
+    """The gold boxes of a grounding row's solution (original-image pixels: ``[x1, y1, x2, y2]``, or a list of them
+    for several objects); None when it holds none.
+
+    >>> gold_boxes("[10, 20, 110, 220]"), gold_boxes("[[1, 2, 3, 4], [5, 6, 7, 8]]"), gold_boxes("7")
+    ([(10.0, 20.0, 110.0, 220.0)], [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)], None)
+    """
+    return parse_boxes(text) or None
+
+
+_BOX_TOKENS_ONLY_RE = re.compile(
+    rf"(?:(?:<\|object_ref_start\|>[^<]*<\|object_ref_end\|>)?<\|box_start\|>\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*,"
+    rf"\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*<\|box_end\|>\s*)+"
+)
+_CODE_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+def is_box_answer(text: str) -> bool:
+    """Whether ``text`` is a box answer and nothing else: JSON ``{"bbox_2d": [x1, y1, x2, y2], ...}`` or a list of such
+    objects (in a ```json fence or not), a plain ``[x1, y1, x2, y2]`` or a list of them, or Qwen2-VL's box tokens
+    (each optionally after its ``<|object_ref_start|>…<|object_ref_end|>``).
+
+    >>> [is_box_answer(t) for t in ['{"bbox_2d": [1, 2, 3, 4], "label": "cup"}', "[1, 2, 3, 4]", "[[1, 2, 3, 4]]",
+    ...  "<|box_start|>(1,2),(3,4)<|box_end|>", "[1, 2, 3, 4] and more", '{"bbox_2d": [1, 2, 3]}', "[]"]]
+    [True, True, True, True, False, False, False]
+    """
+    text = text.strip()
+    if _BOX_TOKENS_ONLY_RE.fullmatch(text):
+        return True
+    fenced = _CODE_FENCE_RE.match(text)
+    try:
+        value = json.loads(fenced.group(1) if fenced else text)
+    except ValueError:
+        return False
+    items = value if isinstance(value, list) and value and isinstance(value[0], dict | list) else [value]
+    return bool(items) and all(_is_box_value(item.get("bbox_2d") if isinstance(item, dict) else item) for item in items)
+
+
+def _is_box_value(value) -> bool:
+    return isinstance(value, list) and len(value) == 4 and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value)  # fmt: skip
+
+
+def box_parser(answer_format: str) -> Callable[[str], list[tuple[float, float, float, float]]]:
+    """The boxes of a completion in ``answer_format``: ``box`` reads the whole text, ``think_answer`` the last
+    ``<answer>`` tag (VLM-R1's form; no tag: no box).
+
+    >>> box_parser("think_answer")("<think> [0, 0, 1, 1] </think> <answer>[4, 5, 6, 7]</answer>")
+    [(4.0, 5.0, 6.0, 7.0)]
+    """
+    if answer_format == "think_answer":
+        return lambda text: parse_boxes(extract_tag(text) or "")
+    if answer_format in ("box", "plain"):
+        return parse_boxes
+    raise ValueError(f"boxes are read in the box or think_answer answer formats, not {answer_format!r}")
 
 
 def parse_number(text: str) -> Decimal | None:

@@ -52,6 +52,16 @@ _R1V_EVAL = "{problem} First output the thinking process in <think> </think> and
 _R1V_GEOQA = (
     "{problem} Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
 )
+# Grounding. A Qwen maintainer's RefCOCO prompt for Qwen2.5-VL (QwenLM/Qwen3-VL#991), the answer a box in the
+# model's own frame (suzak.boxes), JSON for every family but Qwen2-VL (its box tokens).
+_REC = "Locate {problem} in this image and output the bbox coordinates in JSON format."
+# VLM-R1's REC training and evaluation prompt (om-ai-lab/VLM-R1 qwen_module.py and src/eval/test_rec_r1.py), whose
+# `problem` is "Please provide the bounding box coordinate of the region this sentence describes: <sentence>.".
+_REC_R1 = (
+    "Please provide the bounding box coordinate of the region this sentence describes: {problem}. First output the "
+    "thinking process in <think> </think> tags and then output the final answer in <answer> </answer> tags. Output "
+    "the final answer in JSON format."
+)
 _GSM8K_HASH = (
     "{problem}\nSolve the problem step by step, then write the final answer as a number on its own last line "
     "in the form '#### <number>'."
@@ -66,6 +76,8 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("gsm8k", _GSM8K_HASH, "gsm8k_hash", "GSM8K: worked steps ending in '#### N'"),
         PromptTemplate("gsm8k_think", _R1V_TRAIN, "think_answer", "GSM8K with R1-V's <think>/<answer> tags"),
         PromptTemplate("plain", "{problem}", "plain", "the question alone; the answer is the bare value"),
+        PromptTemplate("rec", _REC, "box", "grounding: the referred object's box in the model's frame"),
+        PromptTemplate("rec_r1", _REC_R1, "think_answer", "grounding as VLM-R1 trains it: the box as JSON in <answer>"),
     )
 }
 
@@ -97,8 +109,9 @@ def _plain(answer: str, reasoning: str) -> str:
     return answer
 
 
-# name -> f(answer, reasoning) -> completion text that the format's rewards score at their maximum.
-ANSWER_FORMATS = {"think_answer": _think_answer, "gsm8k_hash": _gsm8k_hash, "plain": _plain}
+# name -> f(answer, reasoning) -> completion text that the format's rewards score at their maximum. A box answer is
+# rendered in the model's frame first (suzak.boxes.BoxFrame.render); ``box`` then is that text alone.
+ANSWER_FORMATS = {"think_answer": _think_answer, "gsm8k_hash": _gsm8k_hash, "plain": _plain, "box": _plain}
 
 
 def render_answer(answer_format: str, answer: str, reasoning: str = "Let me think step by step.") -> str:

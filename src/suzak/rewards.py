@@ -21,11 +21,16 @@ from collections.abc import Callable
 from typing import Any
 
 from suzak import SuzakError
+from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, match_f1
 from suzak.parsing import (
+    box_parser,
     completion_text,
     count_parser,
+    extract_tag,
     gold_answer,
+    gold_boxes,
     has_gsm8k_hash_line,
+    is_box_answer,
     is_think_format,
     math_equal,
     parse_gsm8k_answer,
@@ -39,6 +44,10 @@ from suzak.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
+    "box_f1",
+    "box_format",
+    "iou",
+    "rec_accuracy",
     "read_after_opening",
     "word_match",
     "clevr_count",
@@ -255,12 +264,130 @@ def word_match(
     return _answer_match("word_match", completions, solution, parse_word, parse_answer, log_metric, log_extra)
 
 
+# --- grounding: boxes in the model's own frame (suzak.boxes) ------------------------------------------------------
+
+
+def _box_frames(box_frame: list | None, count: int, name: str) -> list[BoxFrame]:
+    """Each completion's :class:`suzak.boxes.BoxFrame`, from the column VLMGRPOTrainer adds to a row with one image."""
+    if box_frame is None or len(box_frame) != count or any(f is None for f in box_frame):
+        raise ValueError(f"{name} reads each row's box frame (the {BOX_FRAME_COLUMN!r} column suzak's trainer and "
+                         "evaluation add to a row with one image: the model family and the size it sees); it has "
+                         "none here: train with suzak.trainer.VLMGRPOTrainer, one image a row")  # fmt: skip
+    return [f if isinstance(f, BoxFrame) else BoxFrame.from_dict(f) for f in box_frame]
+
+
+def _predicted_boxes(name: str, completions: list, frames: list[BoxFrame], answer_format: str,
+                     log_metric: Callable | None) -> list[list | None]:  # fmt: skip
+    """Each completion's boxes in its model's frame; None for a completion without a box, and a box outside its frame
+    or degenerate (x2 <= x1) as None within the list. Both are counted (``<name>/unparsed_frac``,
+    ``<name>/invalid_frac``), never raised."""
+    parse = box_parser(answer_format)
+    found, unparsed, invalid, total = [], 0, 0, 0
+    for completion, frame in zip(completions, frames, strict=True):
+        boxes = parse(completion_text(completion))
+        if not boxes:
+            unparsed += 1
+            found.append(None)
+            continue
+        total += len(boxes)
+        valid = [box if frame.in_frame(box) else None for box in boxes]
+        invalid += sum(box is None for box in valid)
+        found.append(valid)
+    if log_metric is not None:
+        log_metric(f"{name}/unparsed_frac", unparsed / max(len(completions), 1))
+        log_metric(f"{name}/invalid_frac", invalid / max(total, 1))
+    return found
+
+
+def _first_box_ious(name: str, completions: list, solution: list, box_frame: list | None, answer_format: str,
+                    log_metric: Callable | None) -> list[float]:  # fmt: skip
+    frames = _box_frames(box_frame, len(completions), name)
+    golds = _golds(solution, gold_boxes, name)
+    predicted = _predicted_boxes(name, completions, frames, answer_format, log_metric)
+    return [0.0 if not boxes or boxes[0] is None else box_iou(boxes[0], frame.to_model(gold[0]))
+            for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
+
+
+@_reads_gold(gold_boxes)
+def iou(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+        log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """The IoU of the first box of the completion with the first gold box, both in the model's frame (the row's
+    :class:`suzak.boxes.BoxFrame`; the gold box rounded to the frame's integers as the model would write it, so the
+    best answer scores 1.0; per-axis scaling leaves IoU as in original pixels): continuous, 0.0..1.0. No box, a box
+    outside the frame or a degenerate one: 0.0, counted in ``iou/unparsed_frac`` / ``iou/invalid_frac``.
+
+    ``answer_format``: ``box`` (a box anywhere in the completion) or ``think_answer`` (in the last ``<answer>`` tag).
+
+    >>> frame = {"family": "qwen3_vl", "width": 200, "height": 100, "resized_width": 192, "resized_height": 96}
+    >>> iou(['{"bbox_2d": [0, 0, 500, 1000]}', "[250, 0, 750, 1000]", "no box"], ["[0, 0, 100, 100]"] * 3, [frame] * 3)
+    [1.0, 0.3333333333333333, 0.0]
+    """
+    return _first_box_ious("iou", completions, solution, box_frame, answer_format, log_metric)
+
+
+@_reads_gold(gold_boxes)
+def rec_accuracy(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+                 log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the first box's IoU with the gold box is at least 0.5 (VLM-R1's referring-expression accuracy),
+    else 0.0; boxes read as :func:`iou` reads them.
+
+    >>> frame = {"family": "qwen2_5_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
+    >>> rec_accuracy(["[0, 0, 98, 98]", "[0, 0, 196, 98]", "[0, 0, 300, 98]"], ["[0, 0, 100, 100]"] * 3, [frame] * 3)
+    [1.0, 1.0, 0.0]
+    """
+    ious = _first_box_ious("rec_accuracy", completions, solution, box_frame, answer_format, log_metric)
+    return [float(value >= 0.5) for value in ious]
+
+
+def box_format(completions: list, box_frame: list | None = None, answer_format: str = "box",
+               **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the answer is a box answer and nothing else (:func:`suzak.parsing.is_box_answer`: JSON ``bbox_2d``
+    objects, plain lists or Qwen2-VL's box tokens; with ``think_answer``, R1-V's think/answer format with that in the
+    last ``<answer>`` tag) and every box in it is a box of the row's frame (inside it, x1 < x2, y1 < y2), else 0.0.
+
+    >>> frame = {"family": "qwen2_vl", "width": 64, "height": 64, "resized_width": 56, "resized_height": 56}
+    >>> box_format(["<|box_start|>(0,0),(999,999)<|box_end|>", "[0, 0, 1000, 5]", "[9, 0, 1, 5]", "[1, 1, 5, 5] ok"],
+    ...            [frame] * 4)
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    frames = _box_frames(box_frame, len(completions), "box_format")
+    parse = box_parser(answer_format)
+    scores = []
+    for completion, frame in zip(completions, frames, strict=True):
+        text = completion_text(completion)
+        answer = extract_tag(text) if answer_format == "think_answer" and is_think_format(text) else text
+        boxes = parse(text)
+        good = answer is not None and is_box_answer(answer) and bool(boxes)
+        scores.append(float(good and all(frame.in_frame(box) for box in boxes)))
+    return scores
+
+
+@_reads_gold(gold_boxes)
+def box_f1(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+           threshold: float = 0.5, log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """F1 of every predicted box against every gold box, a prediction matching one gold box at IoU >= ``threshold``
+    (:func:`suzak.boxes.match_f1`): the reward for several objects (detection). A box outside the frame counts as a
+    wrong prediction.
+
+    >>> frame = {"family": "qwen3_vl", "width": 100, "height": 100, "resized_width": 96, "resized_height": 96}
+    >>> box_f1(['[{"bbox_2d": [0, 0, 100, 100]}, {"bbox_2d": [500, 500, 600, 600]}]'], ["[[0, 0, 10, 10], [50, 50, 60, 60]]"], [frame])
+    [1.0]
+    """
+    frames = _box_frames(box_frame, len(completions), "box_f1")
+    golds = _golds(solution, gold_boxes, "box_f1")
+    predicted = _predicted_boxes("box_f1", completions, frames, answer_format, log_metric)
+    return [match_f1([] if boxes is None else [b if b is not None else (0, 0, 0, 0) for b in boxes],
+                     [frame.to_model(box) for box in gold], threshold)
+            for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
+
+
 # --- registry ----------------------------------------------------------------------------------------------------
 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
-    for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match)
-}
+    for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
+              iou, rec_accuracy, box_format, box_f1)
+}  # fmt: skip
 
 
 def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:

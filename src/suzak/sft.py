@@ -21,8 +21,8 @@ import logging
 import re
 
 from suzak import SuzakError, session
+from suzak.boxes import model_answer, with_box_frame
 from suzak.configs import parse_sft_args
-from suzak.parsing import gold_answer
 from suzak.prompts import get_template, render_answer
 from suzak.session import add_first, build_datasets, build_eval_callback
 
@@ -47,8 +47,9 @@ def _clevr_reasoning(row: dict) -> str:
 
 
 def sft_completion(row: dict, answer_format: str) -> str:
-    """The target completion for one row in ``answer_format`` (see the module docstring)."""
-    gold = gold_answer(row["solution"])
+    """The target completion for one row in ``answer_format`` (see the module docstring); a grounding row's boxes in
+    its model's frame (:func:`suzak.boxes.model_answer`, from the row's ``box_frame``)."""
+    gold = model_answer(row)
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return render_answer(answer_format, gold, _gsm8k_steps(row["answer"]))
     if row.get("scene"):
@@ -56,12 +57,15 @@ def sft_completion(row: dict, answer_format: str) -> str:
     return render_answer(answer_format, gold)
 
 
-def to_sft_dataset(dataset, answer_format: str):
-    """Add TRL's prompt-completion ``completion`` column (one assistant turn) to a suzak dataset."""
+def to_sft_dataset(dataset, answer_format: str, family: str | None = None, budget=None):
+    """Add TRL's prompt-completion ``completion`` column (one assistant turn) to a suzak dataset; with the model's
+    ``family`` and pixel ``budget``, a grounding row's target boxes are in that model's frame at the size the budget
+    gives its image."""
 
     def add_completion(row: dict, index: int) -> dict:
         try:
-            text = sft_completion(row, answer_format)
+            framed = with_box_frame(row, family, budget) if budget is not None else row
+            text = sft_completion(framed, answer_format)
         except (ValueError, TypeError, KeyError) as error:
             raise SuzakError(f"cannot build the SFT target of row {index}: {error}") from None
         return {"completion": [{"role": "assistant", "content": text}]}
@@ -74,7 +78,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     images fitted to the budget, completion-only loss, optional eval callback."""
     from trl import get_peft_config
 
-    from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
+    from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget, model_type
     from suzak.models.lora_targets import check_lora_targets
     from suzak.trl_internals import SFTHooks
     from suzak.vision import configure_processor, fit_row_images
@@ -82,7 +86,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     budget = model_budget(model_args, suzak_args.min_pixels, suzak_args.max_pixels)  # the model's patch factor
     template = get_template(suzak_args.prompt_template)
     dataset, heldout = build_datasets(suzak_args, sft_args, budget)
-    dataset = to_sft_dataset(dataset, template.answer_format)
+    dataset = to_sft_dataset(dataset, template.answer_format, model_type(model_args), budget)
     if "image" in dataset.column_names or "images" in dataset.column_names:
         dataset = dataset.map(lambda row: fit_row_images(row, budget), desc="fit images")
     sft_args.completion_only_loss = True

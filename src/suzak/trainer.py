@@ -38,6 +38,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_callback import ProgressCallback
 
 from suzak import SuzakError
+from suzak.boxes import with_box_frame
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.models.positions import use_qwen_video_positions
 from suzak.prompts import template_opening
@@ -161,8 +162,18 @@ class VLMGRPOTrainer(GRPOHooks):
         memo: dict = {}  # one resize per distinct image: each prompt is in the batch num_generations times
         clips: dict = {}  # one read per distinct video, likewise
         rows = ({k: v for k, v in row.items() if k != ROW_COLUMN} for row in inputs)  # rewards get the dataset's own
-        fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in rows])
+        framed = (self.with_box_frame(row) for row in rows)  # from the original image, before it is fitted
+        fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in framed])
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
+
+    def with_box_frame(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row with its image's box frame for the box rewards (:func:`suzak.boxes.with_box_frame`): this model's
+        family, the image's size and the size the pixel budget gives it."""
+        return with_box_frame(row, self.model_type, self.pixel_budget)
+
+    @property
+    def model_type(self) -> str | None:
+        return getattr(getattr(self.model, "config", None), "model_type", None)
 
     def _with_clip(self, row: dict[str, Any], name: str, clips: dict) -> dict[str, Any]:
         if video_of(row) is None:
@@ -243,7 +254,8 @@ class VLMGRPOTrainer(GRPOHooks):
             if not self.opening_in_completion:
                 check_answer_opening(self.processing_class, self.answer_format, self.chat_template_kwargs)
             weights = self.args.reward_weights
-            preflight(dataset, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows,
+            rows = (self.with_box_frame(row) for row in dataset)  # what the rewards read in training
+            preflight(rows, self.reward_funcs, self.answer_format, num_rows=self.preflight_rows,
                       reward_weights=weights, opening=self.completion_opening)  # fmt: skip
         if has_images or VIDEO_COLUMN in dataset.column_names:
             model_config = getattr(self.model, "config", None)

@@ -26,6 +26,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.data.colors import color_squares
+from suzak.data.grounding import grounding_shapes
 from suzak.data.motion import moving_ball
 from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
 from suzak.parsing import gold_answer
@@ -40,6 +41,7 @@ __all__ = [
     "moving_ball",
     "video_r1",
     "geoqa_r1v",
+    "grounding_shapes",
     "gsm8k",
     "jsonl",
     "jsonl_record",
@@ -342,6 +344,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "geoqa_r1v": geoqa_r1v,
     "gsm8k": gsm8k,
     "gsm8k_synthetic": gsm8k_synthetic,
+    "grounding_shapes": grounding_shapes,
     "jsonl": jsonl,
     "moving_ball": moving_ball,
     "video_r1": video_r1,

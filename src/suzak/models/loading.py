@@ -41,6 +41,7 @@ __all__ = [
     "load_model_and_processor",
     "local_model_problem",
     "model_budget",
+    "model_type",
     "pick_attn_implementation",
     "quantization_config",
     "quantized",
@@ -226,6 +227,12 @@ def model_budget(model_args, min_pixels: int, max_pixels: int, *, for_vllm: bool
     the data checks size images with before the model loads (text models: no factor, they see no images)."""
     _, config = _checked_config(model_args, for_vllm)
     return PixelBudget(min_pixels, max_pixels).for_model(config)
+
+
+def model_type(model_args, *, for_vllm: bool = False) -> str | None:
+    """The recipe's model's ``model_type`` (``qwen2_5_vl``, ``qwen2``, ...), read from its config (no weights loaded):
+    what its box frame depends on (:mod:`suzak.boxes`)."""
+    return getattr(_checked_config(model_args, for_vllm)[1], "model_type", None)
 
 
 def quantized(model_args) -> str | None:

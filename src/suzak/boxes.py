@@ -1,0 +1,357 @@
+"""Boxes in each Qwen family's own frame: the one place a box is mapped between an image and a model.
+
+A box in a dataset is in **original-image pixels** ``[x1, y1, x2, y2]`` (RefCOCO's convention; datasets in
+normalised [0, 1] or 0-1000 coordinates say so with an explicit option, :func:`to_pixels`, never by a guess). A model
+reads and writes boxes in its own frame, which differs by family (docs/grounding.md has the sources):
+
+==============  ========================================================  ============================================
+family          frame                                                     native answer form
+==============  ========================================================  ============================================
+qwen2_vl        relative, integers on [0, 1000)                           ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``
+qwen2_5_vl      absolute pixels of the image **as the processor resized   ``{"bbox_2d": [x1, y1, x2, y2]}``
+                it** (the pixel budget's ``smart_resize``), not of the
+                original
+qwen3_vl        relative, integers on [0, 1000]                           ``{"bbox_2d": [x1, y1, x2, y2]}``
+qwen3_5         relative, integers on [0, 1000] (as Qwen3-VL)             ``{"bbox_2d": [x1, y1, x2, y2]}``
+==============  ========================================================  ============================================
+
+:class:`BoxFrame` is one image's frame: the family, the original size and the size the pixel budget gives it (the
+exact size training, vLLM and evaluation feed the model: :meth:`suzak.vision.PixelBudget.size`). Changing the budget
+moves the boxes with the image. A model-frame box maps to original pixels and back to the same integers exactly;
+an original-pixel box maps to the model frame and back within half a model unit.
+
+    python -m suzak.boxes --family qwen2_5_vl --width 1920 --height 1080 --box 100 200 500 600
+    {"family": "qwen2_5_vl", "size": [1920, 1080], "resized": [840, 448], "frame": "pixels of the resized image",
+     "box": [100, 200, 500, 600], "model_box": [44, 83, 219, 249], "answer": "{\"bbox_2d\": [44, 83, 219, 249]}"}
+    python -m suzak.boxes --family qwen2_5_vl --width 1920 --height 1080 --box 44 83 219 249 --from_model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from suzak import SuzakError
+from suzak.parsing import gold_answer, gold_boxes
+from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, family_factors, images_of
+
+__all__ = [
+    "BOX_FRAME_COLUMN",
+    "DATASET_FRAMES",
+    "FRAMES",
+    "BoxFrame",
+    "FrameSpec",
+    "box_iou",
+    "box_problem",
+    "match_f1",
+    "model_answer",
+    "render_boxes",
+    "to_pixels",
+    "with_box_frame",
+]
+
+BOX_FRAME_COLUMN = "box_frame"  # the column the trainer adds to a row with one image: its frame, for the rewards
+Box = tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """How a family writes a box: ``relative`` integers on [0, ``top``] of the image's width and height, or absolute
+    pixels of the resized image (``top`` None); and its native answer form (``tokens`` or ``json``)."""
+
+    relative: bool
+    top: int | None
+    form: str
+    description: str
+
+
+_RELATIVE_1000 = FrameSpec(True, 1000, "json", "relative, integers on [0, 1000]")
+FRAMES: dict[str, FrameSpec] = {
+    "qwen2_vl": FrameSpec(True, 999, "tokens", "relative, integers on [0, 1000)"),
+    "qwen2_5_vl": FrameSpec(False, None, "json", "pixels of the resized image"),
+    "qwen3_vl": _RELATIVE_1000,
+    "qwen3_vl_moe": _RELATIVE_1000,
+    "qwen3_5": _RELATIVE_1000,
+    "qwen3_5_moe": _RELATIVE_1000,
+}
+DATASET_FRAMES = ("pixels", "normalized", "relative1000")  # how a dataset's boxes may be given (builder option)
+
+
+def _spec(family: str) -> FrameSpec:
+    try:
+        return FRAMES[family]
+    except KeyError:
+        raise SuzakError(f"no box frame for model type {family!r}; suzak knows {', '.join(FRAMES)}") from None
+
+
+@dataclass(frozen=True)
+class BoxFrame:
+    """One image's box frame: the model family (its ``model_type``), the original size and the resized one.
+
+    >>> frame = BoxFrame.of("qwen2_5_vl", 1920, 1080, PixelBudget(3136, 401408, factor=28))
+    >>> (frame.resized_width, frame.resized_height), frame.to_model((100, 200, 500, 600))
+    ((840, 448), (44, 83, 219, 249))
+    >>> BoxFrame.of("qwen3_vl", 1920, 1080, PixelBudget(3136, 401408, factor=32)).to_model((100, 200, 500, 600))
+    (52, 185, 260, 556)
+    """
+
+    family: str
+    width: int
+    height: int
+    resized_width: int
+    resized_height: int
+
+    def __post_init__(self):
+        _spec(self.family)
+        if min(self.width, self.height, self.resized_width, self.resized_height) <= 0:
+            raise SuzakError(f"a box frame needs positive sizes, got {self.width}x{self.height} resized to "
+                             f"{self.resized_width}x{self.resized_height}")  # fmt: skip
+
+    @classmethod
+    def of(cls, family: str, width: int, height: int, budget: PixelBudget) -> BoxFrame:
+        """The frame of a ``width`` x ``height`` image fed to a ``family`` model under ``budget`` (bound to the model's
+        patch factor: :meth:`suzak.vision.PixelBudget.for_model`)."""
+        resized_height, resized_width = budget.size(height, width)
+        return cls(family, int(width), int(height), int(resized_width), int(resized_height))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BoxFrame:
+        return cls(**{key: values[key] for key in ("family", "width", "height", "resized_width", "resized_height")})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def spec(self) -> FrameSpec:
+        return _spec(self.family)
+
+    @property
+    def extent(self) -> tuple[int, int]:
+        """The largest x and y a box may have in the model frame."""
+        if self.spec.relative:
+            return self.spec.top, self.spec.top
+        return self.resized_width, self.resized_height
+
+    @property
+    def _units(self) -> tuple[float, float]:
+        """Model-frame units per original pixel along x and y."""
+        if self.spec.relative:
+            return 1000 / self.width, 1000 / self.height
+        return self.resized_width / self.width, self.resized_height / self.height
+
+    def to_model(self, box: Sequence[float]) -> tuple[int, int, int, int]:
+        """An original-pixel box in this frame: integers, as the model writes them (clamped to the frame)."""
+        (ux, uy), (top_x, top_y) = self._units, self.extent
+        x1, y1, x2, y2 = (float(v) for v in box)
+        return (_clamp(round(x1 * ux), top_x), _clamp(round(y1 * uy), top_y), _clamp(round(x2 * ux), top_x),
+                _clamp(round(y2 * uy), top_y))  # fmt: skip
+
+    def from_model(self, box: Sequence[float]) -> Box:
+        """A model-frame box in original pixels (floats)."""
+        ux, uy = self._units
+        x1, y1, x2, y2 = (float(v) for v in box)
+        return x1 / ux, y1 / uy, x2 / ux, y2 / uy
+
+    def in_frame(self, box: Sequence[float]) -> bool:
+        """Whether a model-frame box is a real box of this frame: inside it, x1 < x2 and y1 < y2."""
+        top_x, top_y = self.extent
+        x1, y1, x2, y2 = box
+        return 0 <= x1 < x2 <= top_x and 0 <= y1 < y2 <= top_y
+
+    def render(self, boxes: Sequence[Sequence[float]], label: str | None = None) -> str:
+        """The original-pixel ``boxes`` in this frame, in the family's native answer form (:func:`render_boxes`)."""
+        return render_boxes([self.to_model(box) for box in boxes], self.spec.form, label)
+
+
+def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget) -> dict[str, Any]:
+    """``row`` with its :data:`BOX_FRAME_COLUMN`: the frame of its one image (:meth:`BoxFrame.as_dict`) for a model
+    ``family`` that has one, None for a row with no image or several (every row of a batch has the column: TRL hands
+    rewards each column of the batch's first row). A text model's row (``family`` without a frame) is left as it is.
+
+    >>> from PIL import Image
+    >>> row = with_box_frame({"image": Image.new("RGB", (640, 480))}, "qwen2_5_vl", PixelBudget(3136, 50176, factor=28))
+    >>> row["box_frame"]
+    {'family': 'qwen2_5_vl', 'width': 640, 'height': 480, 'resized_width': 252, 'resized_height': 168}
+    """
+    if family not in FRAMES:
+        return row
+    images = images_of(row)
+    frame = BoxFrame.of(family, images[0].width, images[0].height, budget).as_dict() if len(images) == 1 else None
+    return {**row, BOX_FRAME_COLUMN: frame}
+
+
+def model_answer(row: dict[str, Any], label: str | None = None) -> str:
+    """The gold answer of ``row`` as its model should write it: a grounding row's gold boxes (original pixels) in its
+    frame (:data:`BOX_FRAME_COLUMN`) and the family's form; any other row's gold answer as it is
+    (:func:`suzak.parsing.gold_answer`). The reward pre-flight's and SFT's target.
+
+    >>> frame = {"family": "qwen2_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
+    >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame}), model_answer({"solution": "<answer> 3 </answer>"})
+    ('<|box_start|>(100,100),(600,600)<|box_end|>', '3')
+    """
+    gold = gold_answer(row["solution"])
+    frame = row.get(BOX_FRAME_COLUMN)
+    boxes = gold_boxes(gold) if frame is not None else None
+    if not boxes:
+        return gold
+    return (frame if isinstance(frame, BoxFrame) else BoxFrame.from_dict(frame)).render(boxes, label)
+
+
+def _clamp(value: int, top: int) -> int:
+    return min(max(value, 0), top)
+
+
+def render_boxes(model_boxes: Sequence[Sequence[int]], form: str, label: str | None = None) -> str:
+    """Model-frame boxes as a family writes them: Qwen2-VL's box tokens, or JSON objects with ``bbox_2d`` (one object
+    for one box, a list for several).
+
+    >>> render_boxes([(1, 2, 3, 4)], "tokens"), render_boxes([(1, 2, 3, 4)], "json")
+    ('<|box_start|>(1,2),(3,4)<|box_end|>', '{"bbox_2d": [1, 2, 3, 4]}')
+    >>> render_boxes([(1, 2, 3, 4), (5, 6, 7, 8)], "json", "cup")
+    '[{"bbox_2d": [1, 2, 3, 4], "label": "cup"}, {"bbox_2d": [5, 6, 7, 8], "label": "cup"}]'
+    """
+    ints = [[int(v) for v in box] for box in model_boxes]
+    if form == "tokens":
+        ref = f"<|object_ref_start|>{label}<|object_ref_end|>" if label else ""
+        return "".join(f"{ref}<|box_start|>({a},{b}),({c},{d})<|box_end|>" for a, b, c, d in ints)
+    if form != "json":
+        raise ValueError(f"unknown box form {form!r}: tokens or json")
+    objects = [{"bbox_2d": box} | ({"label": label} if label else {}) for box in ints]
+    return json.dumps(objects[0] if len(objects) == 1 else objects)
+
+
+def to_pixels(box: Sequence[float], frame: str, width: int, height: int) -> Box:
+    """A dataset box given in ``frame`` (:data:`DATASET_FRAMES`) in original pixels of a ``width`` x ``height`` image.
+
+    >>> to_pixels([0.25, 0.5, 0.75, 1.0], "normalized", 640, 480), to_pixels([250, 500, 750, 1000], "relative1000", 640, 480)
+    ((160.0, 240.0, 480.0, 480.0), (160.0, 240.0, 480.0, 480.0))
+    """
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if frame == "pixels":
+        return x1, y1, x2, y2
+    if frame == "normalized":
+        return x1 * width, y1 * height, x2 * width, y2 * height
+    if frame == "relative1000":
+        return x1 * width / 1000, y1 * height / 1000, x2 * width / 1000, y2 * height / 1000
+    raise SuzakError(f"unknown box frame {frame!r}: {', '.join(DATASET_FRAMES)}")
+
+
+def box_problem(box: Any, width: int, height: int) -> str:
+    """Why ``box`` is not an original-pixel box of a ``width`` x ``height`` image ('' when it is one).
+
+    >>> box_problem([10, 10, 5, 20], 100, 100), box_problem([0, 0, 100, 120], 100, 100), box_problem([1, 2, 3], 9, 9)
+    ('x2 5 is not right of x1 10', 'y2 120 is outside the image (height 100)', 'a box needs 4 numbers, got 3')
+    """
+    if not isinstance(box, list | tuple) or isinstance(box, str):
+        return f"a box is a list of 4 numbers [x1, y1, x2, y2], got {box!r:.60}"
+    if len(box) != 4:
+        return f"a box needs 4 numbers, got {len(box)}"
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in box):
+        return f"a box needs 4 finite numbers, got {list(box)!r:.80}"
+    x1, y1, x2, y2 = box
+    for name, value, size, side in (("x1", x1, width, "width"), ("y1", y1, height, "height"),
+                                     ("x2", x2, width, "width"), ("y2", y2, height, "height")):  # fmt: skip
+        if not 0 <= value <= size:
+            return f"{name} {value:g} is outside the image ({side} {size})"
+    if x2 <= x1:
+        return f"x2 {x2:g} is not right of x1 {x1:g}"
+    if y2 <= y1:
+        return f"y2 {y2:g} is not below y1 {y1:g}"
+    return ""
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Intersection over union of two boxes in one frame (continuous coordinates: area (x2 - x1) * (y2 - y1)); 0 for a
+    degenerate box.
+
+    >>> box_iou((0, 0, 10, 10), (5, 0, 15, 10)), box_iou((0, 0, 10, 10), (20, 20, 30, 30)), box_iou((0, 0, 0, 9), (0, 0, 9, 9))
+    (0.3333333333333333, 0.0, 0.0)
+    """
+    ax1, ay1, ax2, ay2 = a
+    bx1, by1, bx2, by2 = b
+    area_a, area_b = max(ax2 - ax1, 0) * max(ay2 - ay1, 0), max(bx2 - bx1, 0) * max(by2 - by1, 0)
+    if area_a <= 0 or area_b <= 0:
+        return 0.0
+    inter = max(min(ax2, bx2) - max(ax1, bx1), 0) * max(min(ay2, by2) - max(ay1, by1), 0)
+    return inter / (area_a + area_b - inter)
+
+
+def match_f1(predicted: Sequence[Sequence[float]], gold: Sequence[Sequence[float]], threshold: float = 0.5) -> float:
+    """F1 of ``predicted`` against ``gold`` boxes, a prediction matching at most one gold box at IoU >= ``threshold``
+    (greedy on the highest IoU first, as detection metrics match); 1.0 when both are empty.
+
+    >>> match_f1([(0, 0, 10, 10), (20, 20, 30, 30)], [(0, 0, 10, 10)]), match_f1([], [(0, 0, 1, 1)])
+    (0.6666666666666666, 0.0)
+    """
+    if not predicted and not gold:
+        return 1.0
+    pairs = sorted(((box_iou(p, g), i, j) for i, p in enumerate(predicted) for j, g in enumerate(gold)), reverse=True)
+    used_p, used_g = set(), set()
+    for iou, i, j in pairs:
+        if iou >= threshold and i not in used_p and j not in used_g:
+            used_p.add(i)
+            used_g.add(j)
+    matched = len(used_p)
+    return 2 * matched / (len(predicted) + len(gold))
+
+
+# --- python -m suzak.boxes ------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m suzak.boxes",
+        description="Where a box lands in a Qwen family's frame at the size the pixel budget gives the image (or, "
+        "with --from_model, where a model's box lands on the original image): one JSON line.",
+    )  # fmt: skip
+    parser.add_argument("--family", required=True, choices=list(FRAMES), help="the model's model_type")
+    parser.add_argument("--width", type=int, required=True, help="the original image's width in pixels")
+    parser.add_argument("--height", type=int, required=True, help="the original image's height in pixels")
+    parser.add_argument("--box", type=float, nargs=4, required=True, metavar=("X1", "Y1", "X2", "Y2"),
+                        help="the box: original-image pixels, or the model's frame with --from_model")  # fmt: skip
+    parser.add_argument("--min_pixels", type=int, default=DEFAULT_MIN_PIXELS,
+                        help=f"the pixel budget's lower bound (default {DEFAULT_MIN_PIXELS}, the recipes')")  # fmt: skip
+    parser.add_argument("--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help=f"the pixel budget's upper bound (default {DEFAULT_MAX_PIXELS}, the recipes')")  # fmt: skip
+    parser.add_argument("--from_model", action="store_true", help="--box is in the model's frame: print it in pixels")
+    args = parser.parse_args(argv)
+    try:
+        print(json.dumps(describe(args.family, args.width, args.height, args.box, args.min_pixels, args.max_pixels,
+                                  from_model=args.from_model)))  # fmt: skip
+    except (SuzakError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def describe(family: str, width: int, height: int, box: Sequence[float], min_pixels: int = DEFAULT_MIN_PIXELS,
+             max_pixels: int = DEFAULT_MAX_PIXELS, *, from_model: bool = False) -> dict[str, Any]:  # fmt: skip
+    """What ``python -m suzak.boxes`` prints: the frame, the resized size and the box on the other side."""
+    budget = PixelBudget(min_pixels, max_pixels, factor=family_factors()[family])
+    frame = BoxFrame.of(family, width, height, budget)
+    line: dict[str, Any] = {"family": family, "size": [width, height],
+                            "resized": [frame.resized_width, frame.resized_height], "frame": frame.spec.description}  # fmt: skip
+    if from_model:
+        if not frame.in_frame(box):
+            top_x, top_y = frame.extent
+            raise SuzakError(f"box {_shown(box)} is not a box of this frame (0 <= x1 < x2 <= {top_x}, "
+                             f"0 <= y1 < y2 <= {top_y})")  # fmt: skip
+        return line | {"model_box": [_number(v) for v in box], "box": [round(v, 2) for v in frame.from_model(box)]}
+    if problem := box_problem(list(box), width, height):
+        raise SuzakError(f"box {_shown(box)}: {problem}")
+    return line | {"box": [_number(v) for v in box], "model_box": list(frame.to_model(box)),
+                   "answer": frame.render([box])}  # fmt: skip
+
+
+def _shown(box: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in box) + "]"
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+if __name__ == "__main__":
+    main()
