@@ -177,15 +177,19 @@ def test_r1v_extracted_answers_are_r1v_scripts():
 
 
 def test_every_task_has_strict_and_only_gsm8k_the_video_task_and_jsonl_lack_r1v():
-    rewards = [s.reward for s in SCORERS.values() if s.reward]
+    rewards = [s.reward for s in SCORERS.values() if s.reward and s.name != "rec"]  # boxes: `suzak.eval rec`
     assert TASKS["jsonl"].rules == []  # a user's own file: scored once --reward names the training reward
     assert [TASKS["jsonl"].scored_by(reward).scorer("strict").reward for reward in rewards] == rewards
+    with pytest.raises(SuzakError, match=r"--reward 'rec_accuracy': boxes are scored .* by `suzak.eval rec`"):
+        TASKS["jsonl"].scored_by("rec_accuracy")
+    rules = {"gsm8k": ["strict"], "moving_ball": ["strict"], "jsonl": ["strict"], "rec": ["vlm_r1", "strict"],
+             "grounding_shapes": ["vlm_r1", "strict"]}  # fmt: skip
     for task in [t for t in TASKS.values() if t.name != "jsonl"] + [TASKS["jsonl"].scored_by(r) for r in rewards]:
-        assert task.rules == (["strict"] if task.name in ("gsm8k", "moving_ball", "jsonl") else ["r1v", "strict"])
+        assert task.rules == rules.get(task.name, ["r1v", "strict"])
         assert SCORERS[task.scorers["strict"]].reward in REWARDS  # strict is the training reward's parser
         for rule in task.rules:
             assert task.scorer(rule).rule == rule and rule in SCORING_RULES
-    assert all(s.reward is None for s in SCORERS.values() if s.rule == "r1v")  # no training reward matches R1-V's eval
+    assert all(s.reward is None for s in SCORERS.values() if s.rule in ("r1v", "vlm_r1"))  # no reward is their eval
     with pytest.raises(SuzakError, match=r"^gsm8k has no 'r1v' scoring rule \(R1-V never evaluated GSM8K.*use strict$"):
         get_task("gsm8k").scorer("r1v")
     with pytest.raises(SuzakError, match=r"^moving_ball has no 'r1v' scoring rule \(R1-V has no video task"):
@@ -268,7 +272,7 @@ def test_config_validation():
         EvalConfig(task="superclevr", model_path="tiny", seeds=[0], temperature=0.0)
     with pytest.raises(SuzakError, match="unknown engine"):
         EvalConfig(task="superclevr", model_path="tiny", engine="tgi")
-    with pytest.raises(SuzakError, match="unknown --scoring 'r1-v': use r1v or strict"):
+    with pytest.raises(SuzakError, match="unknown --scoring 'r1-v': use r1v or vlm_r1 or strict"):
         EvalConfig(task="superclevr", model_path="tiny", scoring="r1-v")
     assert EvalConfig(task="superclevr", model_path="tiny").scoring == "strict"
 

@@ -49,6 +49,8 @@ __all__ = [
     "r1v_accuracy",
     "r1v_count",
     "r1v_math_verify",
+    "vlm_r1_box",
+    "vlm_r1_iou",
     "with_opening",
     "word_parser",
 ]
@@ -380,6 +382,40 @@ def box_parser(answer_format: str) -> Callable[[str], list[tuple[float, float, f
     if answer_format in ("box", "plain"):
         return parse_boxes
     raise ValueError(f"boxes are read in the box or think_answer answer formats, not {answer_format!r}")
+
+
+# VLM-R1's REC evaluation (om-ai-lab/VLM-R1 src/eval/test_rec_r1.py): the first <answer> block, then the last
+# quadruple of whole numbers inside braces (its greedy ".*"), else [0, 0, 0, 0].
+_VLM_R1_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_VLM_R1_BOX_RE = re.compile(r"\{.*\[(\d+),\s*(\d+),\s*(\d+),\s*(\d+)]\s*.*\}", re.DOTALL)
+
+
+def vlm_r1_box(text: str) -> list[int]:
+    """The box VLM-R1's REC evaluation reads from an output, exactly (``extract_bbox_answer``): only the first
+    ``<answer>`` block, whole numbers only, braces around them required; [0, 0, 0, 0] when none.
+
+    >>> vlm_r1_box('<answer>{"bbox_2d": [1, 2, 3, 4]}</answer>'), vlm_r1_box("<answer>[1, 2, 3, 4]</answer>")
+    ([1, 2, 3, 4], [0, 0, 0, 0])
+    """
+    answer = _VLM_R1_ANSWER_RE.search(text)
+    box = _VLM_R1_BOX_RE.search(answer.group(1)) if answer else None
+    return [int(v) for v in box.groups()] if box else [0, 0, 0, 0]
+
+
+def vlm_r1_iou(box1, box2) -> float:
+    """VLM-R1's IoU function, exactly (its -1/+1 cancel, except that an overlap of at most one pixel counts as none).
+
+    >>> vlm_r1_iou([0, 0, 10, 10], [5, 0, 15, 10]), vlm_r1_iou([0, 0, 10, 10], [9, 9, 20, 20])
+    (0.3333333333333333, 0.0)
+    """
+    inter_x1, inter_y1 = max(box1[0], box2[0]), max(box1[1], box2[1])
+    inter_x2, inter_y2 = min(box1[2] - 1, box2[2] - 1), min(box1[3] - 1, box2[3] - 1)
+    if inter_x1 < inter_x2 and inter_y1 < inter_y2:
+        inter = (inter_x2 - inter_x1 + 1) * (inter_y2 - inter_y1 + 1)
+    else:
+        inter = 0
+    union = (box1[2] - box1[0]) * (box1[3] - box1[1]) + (box2[2] - box2[0]) * (box2[3] - box2[1]) - inter
+    return float(inter) / union if union else 0.0
 
 
 def parse_number(text: str) -> Decimal | None:

@@ -28,6 +28,7 @@ from suzak import SuzakError
 from suzak.data.colors import color_squares
 from suzak.data.grounding import grounding_shapes
 from suzak.data.motion import moving_ball
+from suzak.data.refcoco import refcoco
 from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
 from suzak.parsing import gold_answer
 from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
@@ -39,6 +40,7 @@ __all__ = [
     "clevr_synthetic",
     "color_squares",
     "moving_ball",
+    "refcoco",
     "video_r1",
     "geoqa_r1v",
     "grounding_shapes",
@@ -347,6 +349,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "grounding_shapes": grounding_shapes,
     "jsonl": jsonl,
     "moving_ball": moving_ball,
+    "refcoco": refcoco,
     "video_r1": video_r1,
 }
 

@@ -212,3 +212,26 @@ def markdown_summary(task: str, model: str, greedy: RunResult, sampled: list[Run
     lines += ["", scoring_note(rules, task), "", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
     r1v = greedy.by_rule().get("r1v")
     return "\n".join(lines + reference_lines({task: r1v[0] if r1v else None})) + "\n"
+
+
+def draw_boxes(path: Path, images: list, results: list[dict], size: int = 256) -> Path:
+    """A PNG of the first items' images (up to 8), each with its gold box in green and the model's box (the selected
+    rule's extracted answer, original pixels) in red; written to ``path``."""
+    from PIL import Image, ImageDraw
+
+    tiles = []
+    for image, result in zip(images, results, strict=False):
+        scale = size / max(image.size)
+        tile = image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+        draw = ImageDraw.Draw(tile)
+        for box, colour in [(b, (0, 200, 0)) for b in result["ground_truth"]["boxes"]] + (
+                [(result["extracted_answer"], (230, 0, 0))] if result.get("extracted_answer") else []):  # fmt: skip
+            x1, y1, x2, y2 = (v * scale for v in box)
+            if x2 > x1 and y2 > y1:
+                draw.rectangle([x1, y1, x2, y2], outline=colour, width=2)
+        tiles.append(tile)
+    sheet = Image.new("RGB", (size * max(1, min(4, len(tiles))), size * max(1, -(-len(tiles) // 4))), (255, 255, 255))
+    for i, tile in enumerate(tiles):
+        sheet.paste(tile, ((i % 4) * size, (i // 4) * size))
+    sheet.save(path)
+    return path

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ from accelerate.utils import gather_object
 from PIL import Image
 
 from suzak import SuzakError
+from suzak.boxes import FRAMES, BoxFrame
 from suzak.eval.engine import HFEngine, VLLMEngine
 from suzak.eval.models import Quantization, eval_device, eval_dtype, load_eval_model, merged_model_dir, saved_budget
-from suzak.eval.report import RunResult, accuracy, markdown_summary, mean_std, rule_flag, write_results
+from suzak.eval.report import RunResult, accuracy, draw_boxes, markdown_summary, mean_std, rule_flag, write_results
 from suzak.eval.tasks import (
     CLEVR_HELDOUT_SEED,
     SCORING_RULES,
@@ -358,10 +359,11 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
         engine = HFEngine(model, processing_class, budget, batch_size, max_new_tokens, progress=progress)
         engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
         engine.use_video_budget(config.video_budget())
+        engine.model_type = model.config.model_type
         return engine
     if state.num_processes > 1:
         raise SuzakError("--engine vllm runs as one process: use --tensor_parallel_size instead of torchrun")
-    from transformers import AutoProcessor, GenerationConfig
+    from transformers import AutoConfig, AutoProcessor, GenerationConfig
 
     path = merged_model_dir(config.model_path)
     processing_class = AutoProcessor.from_pretrained(path)
@@ -378,7 +380,21 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
                         tensor_parallel_size=config.tensor_parallel_size, dtype=eval_dtype(config.dtype))  # fmt: skip
     engine.use_template(config.chat_template_kwargs, config.opening_in_completion)
     engine.use_video_budget(config.video_budget())
+    engine.model_type = AutoConfig.from_pretrained(path).model_type
     return engine
+
+
+def with_box_frames(items: list[EvalItem], family: str, budget: PixelBudget) -> list[EvalItem]:
+    """Each grounding item (a :func:`suzak.eval.tasks.box_gold`) with the frame of its image for this model family at
+    this pixel budget (:class:`suzak.boxes.BoxFrame`, as training gives each row): what its scorers map boxes with."""
+    framed = []
+    for item in items:
+        if isinstance(item.gold, dict) and "boxes" in item.gold:
+            image = item.images[0]
+            width, height = image.size if isinstance(image, Image.Image) else Image.open(image).size  # the header
+            item = replace(item, gold={**item.gold, "frame": BoxFrame.of(family, width, height, budget).as_dict()})
+        framed.append(item)
+    return framed
 
 
 # --- passes --------------------------------------------------------------------------------------------------------
@@ -505,6 +521,9 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     state = process_state()
     engine = engine or build_engine(config, task, budget, items, state=state)
     budget = getattr(engine, "budget", budget)  # with the patch factor of the model's processor
+    boxes = any(isinstance(item.gold, dict) and "boxes" in item.gold for item in items)
+    if boxes:
+        items = with_box_frames(items, engine.model_type, budget)
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, task, budget, videos=any(item.video is not None for item in items))
@@ -520,6 +539,11 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     shown = {**settings, "batch_size": engine.batch_size, "items": len(items), "skipped_missing": skipped}
     if budget.factor is not None:
         shown["pixels_per_visual_token"] = f"{budget.factor}x{budget.factor}"
+    if boxes:
+        shown["box_frame"] = f"{engine.model_type}: {FRAMES[engine.model_type].description}"
+        results = json.loads(Path(greedy.path).read_text(encoding="utf-8"))["results"]
+        picture = draw_boxes(output.with_suffix(".png"), [_load_image(item.images[0]) for item in items[:8]], results)
+        shown["boxes_plot"] = picture.name
     summary_path.write_text(markdown_summary(task.name, config.model_path, greedy, sampled, shown), encoding="utf-8")
     report = EvalReport(task.name, config.model_path, greedy, sampled, str(summary_path), skipped, budget)
     _write_summary_json(output.with_suffix(".summary.json"), report, shown)

@@ -31,9 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
+from suzak.boxes import BoxFrame
 from suzak.parsing import (
+    box_parser,
     extract_tag,
     gold_answer,
+    gold_boxes,
     math_equal,
     parse_count,
     parse_gsm8k_answer,
@@ -41,6 +44,8 @@ from suzak.parsing import (
     parse_word,
     r1v_count,
     r1v_math_verify,
+    vlm_r1_box,
+    vlm_r1_iou,
 )
 from suzak.parsing import parse_number as _parse_number
 from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
@@ -51,6 +56,7 @@ __all__ = [
     "SCORING_RULES",
     "TASKS",
     "EvalItem",
+    "box_gold",
     "Scorer",
     "Task",
     "get_task",
@@ -74,6 +80,7 @@ CLEVR_HELDOUT_SEED = 1_000_003
 
 SCORING_RULES: dict[str, str] = {
     "r1v": "R1-V's eval scripts' rule, the one behind R1-V's published numbers",
+    "vlm_r1": "VLM-R1's REC eval rule (src/eval/test_rec_r1.py), the one behind VLM-R1's published numbers",
     "strict": "suzak's rule, the training reward's parser",
 }
 
@@ -143,6 +150,47 @@ def _score_word(output: str, gold) -> tuple[str | None, bool]:
     return answer, answer == expected
 
 
+def box_gold(boxes: list, answer_format: str = "box", frame: dict | None = None) -> dict:
+    """A grounding item's gold: its boxes in original-image pixels, the answer format its prompt asks for, and its
+    :class:`suzak.boxes.BoxFrame` (set once the engine's model family and pixel budget are known:
+    :func:`suzak.eval.runner.with_box_frames`)."""
+    return {"boxes": [[float(v) for v in box] for box in boxes], "answer_format": answer_format, "frame": frame}
+
+
+def _read_box_gold(gold) -> tuple[list[list[float]], str, BoxFrame | None]:
+    if not isinstance(gold, dict) or not gold.get("boxes"):
+        raise ValueError(f"gold answer {gold!r:.100} holds no boxes")
+    for box in gold["boxes"]:
+        if not (isinstance(box, list | tuple) and len(box) == 4):
+            raise ValueError(f"gold box {box!r:.60} is not 4 numbers")
+    frame = BoxFrame.from_dict(gold["frame"]) if gold.get("frame") else None
+    return gold["boxes"], gold.get("answer_format", "box"), frame
+
+
+def _score_rec(output: str, gold) -> tuple[list | None, bool]:
+    """The ``rec_accuracy`` reward, called as training calls it: the first box of the answer format in the item's
+    frame, IoU >= 0.5 with the gold box in that frame. The extracted answer is that box in original pixels."""
+    from suzak.rewards import rec_accuracy
+
+    boxes, answer_format, frame = _read_box_gold(gold)
+    if frame is None:  # the item is only being checked (no model yet)
+        return None, False
+    [correct] = rec_accuracy([output], [json.dumps(boxes)], [frame.as_dict()], answer_format=answer_format)
+    found = box_parser(answer_format)(output)
+    return ([round(v, 2) for v in frame.from_model(found[0])] if found else None), correct == 1.0
+
+
+def _score_vlm_r1(output: str, gold) -> tuple[list | None, bool]:
+    """VLM-R1's REC rule: its box (:func:`suzak.parsing.vlm_r1_box`, [0, 0, 0, 0] when none) mapped to original
+    pixels from the model's frame (VLM-R1 maps from Qwen2.5-VL's resized size; the relative frames map from 1000), its
+    IoU function (:func:`suzak.parsing.vlm_r1_iou`) with the gold box strictly above 0.5."""
+    boxes, _, frame = _read_box_gold(gold)
+    if frame is None:
+        return None, False
+    box = [round(v, 2) for v in frame.from_model(vlm_r1_box(output))]
+    return box, vlm_r1_iou(box, boxes[0]) > 0.5
+
+
 SCORERS: dict[str, Scorer] = {
     s.name: s
     for s in (
@@ -152,6 +200,8 @@ SCORERS: dict[str, Scorer] = {
         Scorer("r1v_math", "r1v", None, _score_r1v_math),
         Scorer("gsm8k", "strict", "gsm8k_accuracy", _score_gsm8k),
         Scorer("word", "strict", "word_match", _score_word),
+        Scorer("rec", "strict", "rec_accuracy", _score_rec),
+        Scorer("vlm_r1_rec", "vlm_r1", None, _score_vlm_r1),
     )
 }
 
@@ -251,7 +301,8 @@ class Task:
         if rule not in SCORING_RULES:
             raise SuzakError(f"unknown scoring rule {rule!r}; known: {', '.join(SCORING_RULES)}")
         if rule not in self.scorers:
-            raise SuzakError(f"{self.name} has no {rule!r} scoring rule ({_NO_RULE.get((self.name, rule), '')}); "
+            why = f" ({_NO_RULE[(self.name, rule)]})" if (self.name, rule) in _NO_RULE else ""
+            raise SuzakError(f"{self.name} has no {rule!r} scoring rule{why}; "
                              f"use {' or '.join(self.rules)}")  # fmt: skip
         return SCORERS[self.scorers[rule]]
 
@@ -259,6 +310,9 @@ class Task:
         """This task scored by the ``strict`` scorer that agrees with training reward ``reward`` (``jsonl``'s
         ``--reward``); one line naming the rewards that have one when it has none."""
         by_reward = {scorer.reward: scorer.name for scorer in SCORERS.values() if scorer.reward}
+        if by_reward.get(reward) == "rec":
+            raise SuzakError(f"--reward {reward!r}: boxes are scored in each image's frame by `suzak.eval rec` "
+                             "(your JSONL of grounding lines, VLM-R1's files or the Hub layout: docs/grounding.md)")  # fmt: skip
         if reward not in by_reward:
             raise SuzakError(f"--reward {reward!r}: no eval scorer agrees with it; one of: {', '.join(by_reward)}")
         return replace(self, scorers={"strict": by_reward[reward]})
@@ -273,6 +327,8 @@ _NO_RULE = {
     ("gsm8k", "r1v"): "R1-V never evaluated GSM8K, so there is no R1-V rule to reproduce",
     ("moving_ball", "r1v"): "R1-V has no video task, so there is no R1-V rule to reproduce",
     ("jsonl", "r1v"): "R1-V's rules belong to its own test sets",
+    ("rec", "r1v"): "R1-V has no grounding task; VLM-R1's rule is vlm_r1",
+    ("grounding_shapes", "r1v"): "R1-V has no grounding task; VLM-R1's rule is vlm_r1",
 }
 
 
@@ -357,6 +413,47 @@ def _jsonl_items(prompt_path: str | None, *, image_root: str | None, template: s
     return items
 
 
+def _rec_items(prompt_path: str | None, *, image_root: str | None, template: str, **_unused) -> list[EvalItem]:
+    """RefCOCO/+/g: one of VLM-R1's annotation files (``refcoco_val.json``: images under ``--image_root``, the COCO
+    folder) or a local copy of the Hub layout (a folder), read by training's loader (:mod:`suzak.data.refcoco`)."""
+    from suzak.data.refcoco import refcoco
+
+    if prompt_path is None:
+        raise SuzakError("rec: pass --prompt_path (VLM-R1's refcoco_val.json with --image_root the COCO folder, or a "
+                         "saved copy of lmms-lab/RefCOCO): docs/grounding.md")  # fmt: skip
+    suffix = Path(prompt_path).suffix
+    dataset = refcoco(path=prompt_path, image_root=image_root if suffix in (".json", ".jsonl") else None,
+                      template=template)  # fmt: skip
+    if suffix in (".json", ".jsonl"):
+        import datasets
+
+        dataset = dataset.cast_column("image", datasets.Image(decode=False))  # files: checked, loaded per batch
+    return _box_items(dataset, template, str(prompt_path))
+
+
+def _grounding_items(prompt_path: str | None, *, template: str, num_rows: int, data_seed: int,
+                     **_unused) -> list[EvalItem]:  # fmt: skip
+    """Held-out procedural grounding scenes (:func:`suzak.data.grounding.grounding_shapes`, seed ``data_seed``)."""
+    from suzak.data.grounding import grounding_shapes
+
+    return _box_items(grounding_shapes(num_rows, seed=data_seed, template=template), template, None)
+
+
+def _box_items(dataset, template: str, source: str | None) -> list[EvalItem]:
+    answer_format = get_template(template).answer_format
+    items = []
+    for row in dataset:
+        image = row["image"]
+        image = image["path"] if isinstance(image, dict) else image  # a file (not decoded) or a PIL image
+        record = {k: v for k, v in row.items() if k not in ("prompt", "image")}
+        where = f"{source}:{row['line']}" if source and "line" in row else source
+        key = _item_key(len(items), f"{row['problem']} {row['solution']}", [image] if isinstance(image, str) else [])
+        gold = box_gold(gold_boxes(row["solution"]) or [], answer_format)
+        items.append(EvalItem(len(items), key, record, row["prompt"], gold, (image,), where))
+    return items
+
+
+_REC_RULES = {"vlm_r1": "vlm_r1_rec", "strict": "rec"}
 _COUNT_RULES = {"r1v": "r1v_count", "strict": "count"}  # clevr_synthetic asks R1-V's question: R1-V's rule applies
 TASKS: dict[str, Task] = {
     t.name: t
@@ -373,6 +470,10 @@ TASKS: dict[str, Task] = {
              "held-out procedural video: which way does the ball move? (left or right)"),
         Task("jsonl", _jsonl_items, {}, DEFAULT_TEMPLATE, DEFAULT_TEMPLATE, None, 16, 256,
              "your own JSONL of image or video questions (training's format), scored by --reward"),
+        Task("rec", _rec_items, _REC_RULES, "rec_r1", "rec_r1", None, 16, 256,
+             "RefCOCO/+/g referring expressions (VLM-R1's files or the Hub layout): accuracy at IoU 0.5"),
+        Task("grounding_shapes", _grounding_items, _REC_RULES, "rec", "rec", None, 32, 32,
+             "held-out procedural grounding: the named shape's box"),
     )
 }  # fmt: skip
 

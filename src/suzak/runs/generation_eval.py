@@ -22,6 +22,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from suzak.boxes import with_box_frame
 from suzak.parsing import message_text
 from suzak.vision import PixelBudget, VideoBudget
 
@@ -89,11 +90,9 @@ class GenerationEvalCallback(TrainerCallback):
             outputs = engine.generate(self.rows)
         finally:
             model.train(was_training)
-        columns = {
-            k: [row.get(k) for row in self.rows]
-            for k in self.rows[0]
-            if k not in ("prompt", "image", "images", "video")
-        }
+        family = getattr(getattr(model, "config", None), "model_type", None)  # box rewards read each row's frame
+        rows = [with_box_frame(row, family, engine.budget) for row in self.rows]
+        columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "image", "images", "video")}
         scores = self.scorer(completions=outputs, prompts=[r["prompt"] for r in self.rows], **columns)
         table = [
             [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
