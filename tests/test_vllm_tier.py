@@ -19,6 +19,7 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
 - ``suzak.eval`` with ``--engine vllm`` and ``--engine hf`` on a trained checkpoint: the same greedy answers and
   scores reported the same way (visual tokens and prompt ids per request: tests/test_vllm_boundary.py, against
   vLLM's own input processing);
+- grounding (``recipes/grounding_smoke.yaml``): boxes trained through vLLM, then evaluated alike on both engines;
 - a text-only model (the tiny Qwen2.5 causal LM): GSM8K GRPO through its launch script with colocated vLLM, the
   guard quiet on the live sampler and stopping a frozen one, and both eval engines giving the same answers;
 - vLLM's CPU layers still repack their weights at load (the contract behind ``keep_vllm_cpu_weights_live``).
@@ -396,6 +397,38 @@ def test_eval_engines_agree_on_a_text_checkpoint(text_run, vllm_env, tmp_path):
     hf, vl = reports["hf"], reports["vllm"]
     assert len(hf) == len(vl) == 4 and all(r["model_output"] for r in hf)
     assert [(r["model_output"], r["is_correct"]) for r in hf] == [(r["model_output"], r["is_correct"]) for r in vl]
+
+
+# --- grounding: boxes through vLLM --------------------------------------------------------------------------------
+
+
+def test_grounding_trains_with_colocated_vllm_and_both_engines_answer_alike(vllm_env, tmp_path):
+    """``recipes/grounding_smoke.yaml`` with ``--use_vllm true``: scenes of up to 900 pixels a side resized into the
+    budget reach vLLM as the training prompt ids, the guard finds vLLM following the policy, the box rewards are
+    logged; then ``suzak.eval grounding_shapes`` answers held-out scenes alike on both engines, scored in the same
+    frame."""
+    output_dir, record = tmp_path / "run", tmp_path / "record.json"
+    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config",
+            "recipes/grounding_smoke.yaml", "--use_vllm", "true", "--max_steps", "3", "--eval_rows", "0",
+            "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
+    seen = json.loads(record.read_text())
+    assert len(seen["vllm_prompt_ids"]) == 3 * 8 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    checks = _checks(output_dir)
+    assert list(checks) == [1] and checks[1] < 1e-5, checks
+    assert all("rewards/iou/mean" in row and "iou/unparsed_frac" in row for row in _metrics(output_dir))
+    reports = {}
+    for engine in ("hf", "vllm"):
+        output = tmp_path / f"{engine}.json"
+        run_ok([sys.executable, "-m", "suzak.eval", "grounding_shapes", "--model_path", str(output_dir), "--engine",
+                engine, "--num_rows", "8", "--max_new_tokens", "24", "--min_pixels", "3136", "--max_pixels", "50176",
+                "--output_path", str(output), "--no_progress"], vllm_env)  # fmt: skip
+        reports[engine] = json.loads(output.read_text())["results"]
+    same = [a["model_output"] == b["model_output"] for a, b in zip(reports["hf"], reports["vllm"], strict=True)]
+    assert len(same) == 8 and sum(same) >= 7, [r["model_output"] for r in reports["hf"]]
+    for a, b in zip(reports["hf"], reports["vllm"], strict=True):
+        assert a["ground_truth"] == b["ground_truth"]  # the same frame: the same budget, the same family
+        if a["model_output"] == b["model_output"]:
+            assert (a["extracted_answer"], a["is_correct"]) == (b["extracted_answer"], b["is_correct"])
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------
