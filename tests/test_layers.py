@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
 
 # Lowest first. A module matches the longest name or "name.*" pattern it falls under.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("leaves", ("suzak", "suzak.prompts", "suzak.parsing", "suzak.vision", "suzak.video", "suzak.redaction", "suzak.hub",
-                "suzak.trl_internals")),
+    ("leaves", ("suzak", "suzak.prompts", "suzak.parsing", "suzak.vision", "suzak.video", "suzak.boxes",
+                "suzak.redaction", "suzak.hub", "suzak.trl_internals")),
     ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.rewards")),
     ("checks", ("suzak.checks",)),
     ("eval", ("suzak.eval.*",)),

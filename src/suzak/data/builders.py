@@ -26,6 +26,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.data.colors import color_squares
+from suzak.data.files import read_jsonl
 from suzak.data.grounding import grounding_shapes
 from suzak.data.motion import moving_ball
 from suzak.data.refcoco import refcoco
@@ -221,24 +222,6 @@ def gsm8k_synthetic(num_rows: int = 256, *, seed: int = 0, start: int = 0, templ
 
 
 # --- local files -------------------------------------------------------------------------------------------------
-
-
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, row) for each non-empty line; a malformed line is an error naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise SuzakError(f"JSONL file not found: {path}")
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SuzakError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(row, dict):
-                raise SuzakError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            yield number, row
 
 
 _QUESTION_KEYS = ("problem", "question")

@@ -26,6 +26,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.boxes import DATASET_FRAMES, to_pixels
+from suzak.data.files import read_jsonl
 from suzak.prompts import build_conversation, get_template
 
 __all__ = ["REFCOCO_REPOS", "VLM_R1_PREFIX", "refcoco", "refcoco_hub_rows", "refcoco_vlm_r1_rows"]
@@ -83,8 +84,6 @@ def refcoco_vlm_r1_rows(path: str | Path, image_root: str | Path, *, template: s
                         box_frame: str = "pixels") -> list[dict]:  # fmt: skip
     """Rows of one of VLM-R1's files: a JSON list (its evaluation files) or JSON lines (its training files), image
     paths relative to ``image_root``. A record that cannot be read is one line naming the file and record."""
-    from suzak.data.builders import read_jsonl
-
     path, root = Path(path), Path(image_root)
     if path.suffix == ".jsonl":
         records = list(read_jsonl(path))
