@@ -314,7 +314,8 @@ class Task:
             raise SuzakError(f"--reward {reward!r}: boxes are scored in each image's frame by `suzak.eval rec` "
                              "(your JSONL of grounding lines, VLM-R1's files or the Hub layout: docs/grounding.md)")  # fmt: skip
         if reward not in by_reward:
-            raise SuzakError(f"--reward {reward!r}: no eval scorer agrees with it; one of: {', '.join(by_reward)}")
+            usable = [name for name, scorer in by_reward.items() if scorer != "rec"]
+            raise SuzakError(f"--reward {reward!r}: no eval scorer agrees with it; one of: {', '.join(usable)}")
         return replace(self, scorers={"strict": by_reward[reward]})
 
     def other_rule(self, rule: str) -> str | None:
