@@ -20,7 +20,16 @@ Each configuration runs in its own process (fresh memory, one vLLM engine; under
 Columns: s/step (median over the steps after ``--warmup``), completion and prompt+completion tokens/s, peak memory
 (torch's peak allocation; device memory in use at the end, which includes vLLM's KV cache), MFU, and the split of
 a step into generation (``_generate_single_turn``), scoring (``_calculate_rewards``) and the rest (logprob
-forwards, forward/backward, optimizer). MFU = (6 + 2·F)·P·T / (s/step · 989e12), P the parameters, T the prompt +
+forwards, forward/backward, optimizer); ``actor_s`` is the part after TRL's ``_generate_and_score_completions``
+(the policy's forward/backward and the optimizer step: what EasyR1 times as ``update_policy``).
+
+EasyR1's figures, computed as EasyR1 computes them (hiyouga/EasyR1 ``verl/trainer/metrics.py`` and
+``verl/utils/flops_counter.py``), so a row compares with its published 1,800 tokens/s/GPU for Qwen2.5-VL-3B:
+``easyr1_tokens_per_s_per_gpu`` = all tokens of a step (prompt with its vision tokens + completion) / step time /
+GPUs; ``easyr1_actor_mfu`` = (6·N·tokens + 12·Σ seqlen²·head_dim·heads·layers) · num_iterations / (actor_s · 989e12
+· GPUs), N the language model's dense parameters (MLP, attention projections, embedding and LM head counted twice,
+as EasyR1 does, tied or not), seqlen each sequence's prompt + completion tokens. EasyR1 knows no H200 (its MFU is 0
+there); both H100 and H200 are 989 TFLOP/s dense bf16, used here for both. MFU = (6 + 2·F)·P·T / (s/step · 989e12), P the parameters, T the prompt +
 completion tokens of a step and F the extra forward passes (reference model when beta > 0, old policy when TRL
 computes it), against the H100's 989 TFLOP/s dense bf16; none on the CPU. On the CPU each configuration is repeated
 (``--repeats``, interleaved trl/suzak) and the median is reported with the suzak / trl ratio, of wall time and of
@@ -46,7 +55,7 @@ from stamp import commit  # bench/stamp.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_grpo_speed.jsonl"
-H100_BF16_FLOPS = 989e12  # dense bf16, NVIDIA's H100 SXM figure
+H100_BF16_FLOPS = 989e12  # dense bf16, NVIDIA's H100 SXM figure (the H200's is the same)
 RECIPES = {
     "tiny": "recipes/smoke.yaml",
     "3b": "recipes/clevr_qwen2.5vl_3b.yaml",
@@ -109,7 +118,7 @@ class StepClock:
             def on_step_begin(self, args, state, control, **kwargs):
                 clock.sync()
                 clock.steps.append({"start": time.perf_counter(), "cpu_start": time.process_time(), "gen": 0.0,
-                                    "score": 0.0})  # fmt: skip
+                                    "score": 0.0, "prepare": 0.0, "seqlens": []})  # fmt: skip
 
             def on_step_end(self, args, state, control, **kwargs):
                 clock.sync()
@@ -126,14 +135,22 @@ class StepClock:
             torch.cuda.synchronize()
 
     def wrap(self, trainer) -> None:
-        for method, key in (("_generate_single_turn", "gen"), ("_calculate_rewards", "score")):
+        for method, key in (
+            ("_generate_single_turn", "gen"),
+            ("_calculate_rewards", "score"),
+            ("_generate_and_score_completions", "prepare"),
+        ):
             original = getattr(trainer, method)
 
             def timed(*args, _original=original, _key=key, **kwargs):
                 self.sync()
                 start = time.perf_counter()
                 try:
-                    return _original(*args, **kwargs)
+                    result = _original(*args, **kwargs)
+                    if _key == "prepare" and self.steps and isinstance(result, dict) and "completion_mask" in result:
+                        lengths = result["prompt_mask"].sum(1) + result["completion_mask"].sum(1)
+                        self.steps[-1]["seqlens"] += [int(n) for n in lengths.tolist()]
+                    return result
                 finally:
                     self.sync()
                     if self.steps:
@@ -171,6 +188,25 @@ def extra_forwards(trainer) -> int:
         trainer.use_vllm and trainer.vllm_importance_sampling_correction
     )
     return int(reference) + int(old_policy)
+
+
+def easyr1_actor_flops(text_config, seqlens: list[int]) -> float:
+    """FLOPs of one actor update over sequences of these lengths, as EasyR1's ``FlopsCounter`` estimates them for
+    Qwen2/2.5-VL (``_estimate_llama_flops``: dense parameters incl. embedding and LM head, plus attention).
+
+    >>> from types import SimpleNamespace as C
+    >>> easyr1_actor_flops(C(hidden_size=4, vocab_size=10, num_hidden_layers=1, num_key_value_heads=1,
+    ...                      num_attention_heads=2, intermediate_size=8), [3, 1])
+    5856
+    """
+    c = text_config
+    head_dim = c.hidden_size // c.num_attention_heads
+    q = c.num_attention_heads * head_dim
+    kv = c.num_key_value_heads * head_dim
+    per_layer = c.hidden_size * c.intermediate_size * 3 + c.hidden_size * (q + 2 * kv + q)
+    dense = per_layer * c.num_hidden_layers + c.vocab_size * c.hidden_size * 2
+    attention = 12 * sum(n * n for n in seqlens) * head_dim * c.num_attention_heads * c.num_hidden_layers
+    return 6 * dense * sum(seqlens) + attention
 
 
 def _peak_memory(device: str) -> tuple[float, float | None]:
@@ -229,6 +265,11 @@ def measure(spec: Spec) -> dict:
     forwards = extra_forwards(trainer)
     peak, in_use = _peak_memory(spec.device)
     flops = (6 + 2 * forwards) * params * step_tokens
+    gpus = int(os.environ.get("WORLD_SIZE", "1"))
+    actor_s = statistics.fmean(s["total"] - s["prepare"] for s in steady)
+    config = trainer.model.config
+    text_config = getattr(config, "text_config", None) or config
+    actor_flops = statistics.fmean(easyr1_actor_flops(text_config, s["seqlens"]) for s in steady)
     return {
         "trainer": spec.trainer, "generation": spec.generation, "shape": spec.shape,
         "device": torch.cuda.get_device_name() if spec.device == "cuda" else "cpu",
@@ -240,6 +281,10 @@ def measure(spec: Spec) -> dict:
         "tokens_per_s": round(step_tokens / s_per_step, 1),
         "peak_gib": round(peak, 2), "device_used_gib": None if in_use is None else round(in_use, 1),
         "mfu": round(flops / s_per_step / H100_BF16_FLOPS, 4) if spec.device == "cuda" else None,
+        "easyr1_tokens_per_s_per_gpu": round(step_tokens / s_per_step / gpus, 1),
+        "easyr1_actor_mfu": round(actor_flops * trainer.num_iterations / (actor_s * H100_BF16_FLOPS * gpus), 4)
+        if spec.device == "cuda" else None,
+        "actor_s": round(actor_s, 3),
         "gen_s": round(statistics.fmean(s["gen"] for s in steady), 3),
         "score_s": round(statistics.fmean(s["score"] for s in steady), 3),
         "rest_s": round(statistics.fmean(s["total"] - s["gen"] - s["score"] for s in steady), 3),
@@ -316,8 +361,8 @@ def vllm_importable() -> bool:
 
 
 COLUMNS = ["trainer", "generation", "shape", "completions", "completion_tokens", "prompt_tokens", "s_per_step",
-           "cpu_s_per_step", "completion_tokens_per_s", "tokens_per_s", "peak_gib", "device_used_gib", "mfu", "gen_s",
-           "score_s", "rest_s", "deepspeed", "overrides", "status"]  # fmt: skip
+           "cpu_s_per_step", "completion_tokens_per_s", "tokens_per_s", "easyr1_tokens_per_s_per_gpu", "peak_gib",
+           "device_used_gib", "mfu", "easyr1_actor_mfu", "gen_s", "score_s", "rest_s", "actor_s", "deepspeed", "overrides", "status"]  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:

@@ -30,7 +30,7 @@ case $stage in
       tests/test_gpu.py tests/test_eval_gpu.py 2>&1 | tee "$out/check.log" | tail -15 ;;
   train)
     python3 bench/bench_grpo_speed.py --device cuda --results "$out/results_grpo_speed.jsonl" --log_dir "$out/logs" "$@" 2>&1 \
-      | tee "$out/train.log" | grep -v '^{' ;;
+      | tee -a "$out/train.log" | grep -v '^{' ;;
   eval)
     python3 bench/bench_eval_speed.py --device cuda --results "$out/results_eval_speed.jsonl" --log_dir "$out/logs" "$@" 2>&1 \
       | tee "$out/eval.log" | grep -v '^{' ;;
