@@ -289,7 +289,7 @@ def measure(spec: Spec) -> dict:
         "score_s": round(statistics.fmean(s["score"] for s in steady), 3),
         "rest_s": round(statistics.fmean(s["total"] - s["gen"] - s["score"] for s in steady), 3),
         "steps": spec.steps, "warmup": spec.warmup, "params": params, "extra_forwards": forwards,
-        "beta": trainer.beta, "deepspeed": Path(spec.deepspeed).stem if spec.deepspeed else "none",
+        "beta": trainer.beta, "deepspeed": Path(grpo_args.deepspeed).stem if grpo_args.deepspeed else "none",
         "overrides": " ".join(spec.overrides), "torch_threads": torch.get_num_threads(),
     }  # fmt: skip
 
@@ -324,7 +324,10 @@ def run_spec(spec: Spec, log_dir: Path) -> dict:
     if rows:
         return json.loads(rows[-1])
     tail = " | ".join(log.read_text().strip().splitlines()[-3:])[-300:]
-    return asdict(spec) | {"status": f"exit {result.returncode}: {tail}"}
+    row = asdict(spec) | {"overrides": " ".join(spec.overrides), "status": f"exit {result.returncode}: {tail}"}
+    if spec.deepspeed:
+        row["deepspeed"] = Path(spec.deepspeed).stem
+    return row
 
 
 def recipe_flags(assignments: list[str]) -> list[str]:
@@ -425,8 +428,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="first steps left out (default: 2 cpu, 1 gpu)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: 3 cpu, 1 gpu)")
     parser.add_argument("--deepspeed", default=None,
-                        help="DeepSpeed config (default on a GPU for 3b/7b: ds_configs/zero2_offload.json, what the "
-                        "launch script picks on one GPU; 'none' for none)")  # fmt: skip
+                        help="DeepSpeed config (default on a GPU for 3b/7b: auto, what the launch script passes: the "
+                        "fastest config predicted to fit, suzak.models.memory; the row names the one used; 'none' for none)")  # fmt: skip
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="recipe fields for every row, e.g. --set beta=0 vllm_gpu_memory_utilization=0.2")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -451,7 +454,7 @@ def main() -> None:
     args.warmup = args.warmup if args.warmup is not None else (1 if gpu else 2)
     repeats = args.repeats or (1 if gpu else 3)
     if args.deepspeed is None and gpu and args.shape != "tiny":
-        args.deepspeed = "ds_configs/zero2_offload.json"
+        args.deepspeed = "auto"
     args.deepspeed = None if args.deepspeed == "none" else args.deepspeed
     date = datetime.date.today().isoformat()
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="suzak-speed-logs-"))

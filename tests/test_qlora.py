@@ -163,7 +163,13 @@ def test_qlora_command_export_eval_and_release(tmp_path, run_env, eval_fixture_d
     [
         ("0", ["--recipe", "recipes/clevr_qwen2.5vl_7b_qlora.yaml"], None),
         ("0,1", ["--recipe", "recipes/clevr_qwen2.5vl_7b.yaml", "--load_in_4bit", "true", "--use_peft", "true"], None),
-        ("0", ["--recipe", "recipes/clevr_qwen2.5vl_7b_qlora.yaml", "--load_in_4bit", "false"], "zero2_offload"),
+        ("0", ["--recipe", "recipes/clevr_qwen2.5vl_7b_qlora.yaml", "--load_in_4bit", "false"], "auto"),
+        (
+            "0",
+            ["--recipe", "recipes/clevr_qwen2.5vl_7b.yaml", "--deepspeed", "ds_configs/zero2_offload.json"],
+            "ds_configs/zero2_offload.json",
+        ),
+        ("0,1", ["--recipe", "recipes/clevr_qwen2.5vl_7b.yaml", "--deepspeed", "none"], None),
     ],
 )
 def test_launch_script_runs_qlora_without_deepspeed(run_env, gpus, args, deepspeed):
@@ -176,4 +182,4 @@ def test_launch_script_runs_qlora_without_deepspeed(run_env, gpus, args, deepspe
     assert line.startswith("dry run: torchrun ") and f"--nproc_per_node {len(gpus.split(','))}" in line
     assert ("--deepspeed" in line) == (deepspeed is not None)
     if deepspeed:
-        assert f"ds_configs/{deepspeed}.json" in line
+        assert line.count("--deepspeed") == 1 and f"--deepspeed {deepspeed}" in line.split(" --config ")[1]

@@ -134,7 +134,7 @@ def test_slurm_example_starts_torchrun_once_per_node(tmp_path, run_env):
     lines = [line for line in result.stdout.splitlines() if line.startswith("dry run: ")]
     assert lines == [
         f"dry run: torchrun --nnodes 2 --node_rank {rank} --nproc_per_node 4 --master_addr gpu-07 --master_port 29500 "
-        "-m suzak.train --config recipes/clevr_qwen2.5vl_7b.yaml --deepspeed ds_configs/zero2.json --max_steps 5"
+        "-m suzak.train --config recipes/clevr_qwen2.5vl_7b.yaml --deepspeed auto --max_steps 5"
         for rank in (0, 1)
     ]
     assert "suzak: 2 node(s) (gpu-[07-08]), rendezvous gpu-07:29500" in result.stdout

@@ -96,28 +96,27 @@ quantized_run() {
 # run_recipe MODULE DEFAULT_RECIPE PRESETS ARGS...: the body of every launch script.
 #   --preset NAME -> that preset's recipe from PRESETS ("smoke=recipes/smoke.yaml demo=recipes/demo.yaml"), CPU
 #   recipes, so no DeepSpeed; --recipe PATH; everything else overrides the recipe.
-#   DeepSpeed ZeRO-2 by default (ZeRO-2 + optimizer offload on a single GPU; see docs/benchmarks.md); none for a
-#   QLoRA run (quantized_run).
+#   On GPUs DeepSpeed ZeRO-2 with `--deepspeed auto`: each rank picks the fastest config predicted to fit its GPU
+#   (the optimizer on the GPU, else offloaded to host RAM: suzak.models.memory, docs/benchmarks.md) and rank 0 says
+#   which and why in one line; none for a QLoRA run (quantized_run); `--deepspeed PATH` (or none) overrides.
 run_recipe() {
-  local module=$1 recipe=$2 presets=$3 deepspeed=ds_configs/zero2.json args=() out
+  local module=$1 recipe=$2 presets=$3 deepspeed=auto args=() out
   shift 3
   while [ $# -gt 0 ]; do
     case $1 in
       --preset) recipe=$(preset_recipe "$2" "$presets") || return 2
                 deepspeed=""; shift 2 ;;
       --recipe) recipe=$2; shift 2 ;;
+      --deepspeed) deepspeed=$2; [ "$2" = none ] && deepspeed=""; shift 2 ;;
       *) args+=("$1"); shift ;;
     esac
   done
-  if [ -n "$deepspeed" ] && quantized_run "$recipe" "${args[@]}"; then
-    deepspeed=""  # QLoRA: the adapters and their optimizer fit every GPU; several GPUs run plain DDP
-  fi
-  if [ "$deepspeed" = ds_configs/zero2.json ] && [ "$NPROC" -eq 1 ] && [ "${NNODES:-1}" -eq 1 ]; then
-    deepspeed=ds_configs/zero2_offload.json  # one GPU: ZeRO-2 alone runs out of memory even for 3B
+  if [ "$deepspeed" = auto ] && { [ "$NPROC" -eq 0 ] || quantized_run "$recipe" "${args[@]}"; }; then
+    deepspeed=""  # no GPU: no DeepSpeed; QLoRA: the adapters fit every GPU, several GPUs run plain DDP
   fi
   [ -n "$deepspeed" ] && args=(--deepspeed "$deepspeed" "${args[@]}")
   out=$(output_dir_of "$recipe" "${args[@]}")
-  echo "recipe $recipe | deepspeed ${deepspeed:-off} | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
+  echo "recipe $recipe | deepspeed ${deepspeed:-off}$([ "$deepspeed" = auto ] && echo ' (the fastest that fits: chosen by rank 0 below)') | GPUs $NPROC x nodes ${NNODES:-1} | output $out"
   local rc=0
   launch "$module" --config "$recipe" "${args[@]}" || rc=$?
   if [ "$rc" -ne 0 ] && [ -f "$out/preempted.json" ]; then  # stopped by a signal after a checkpoint (exit 75)

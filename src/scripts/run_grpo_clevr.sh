@@ -2,7 +2,8 @@
 # GRPO on CLEVR counting with Qwen2.5-VL.
 #
 #   bash src/scripts/run_grpo_clevr.sh                                   # 7B recipe, every visible GPU, ZeRO-2
-#                                                                        # (one GPU: ZeRO-2 with optimizer offload)
+#                                                                        # (deepspeed auto: optimizer on the GPU or offloaded, whichever fits)
+#   bash src/scripts/run_grpo_clevr.sh --deepspeed ds_configs/zero2_offload.json   # your choice instead (or none)
 #   bash src/scripts/run_grpo_clevr.sh --recipe recipes/clevr_qwen2.5vl_3b.yaml
 #   bash src/scripts/run_grpo_clevr.sh --preset smoke                    # offline CPU smoke run (tiny model)
 #   bash src/scripts/run_grpo_clevr.sh --preset demo                     # CPU demo that visibly learns (~2 min)

@@ -375,6 +375,7 @@ def _parse(config_class, argv: list[str] | None):
     namespace, unknown = parser.parse_known_args(full_argv(flags))  # argparse only: no config object built yet
     _check_flags(unknown, names)
     _check_generation_batch(namespace)
+    flags = _resolve_auto_deepspeed(namespace, flags)
     try:
         suzak_args, config, model_args = parser.parse_args_and_config(
             full_argv((["--config", recipe_file] if recipe_file else []) + flags)
@@ -391,6 +392,22 @@ def _parse(config_class, argv: list[str] | None):
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
     return suzak_args, config, model_args
+
+
+def _resolve_auto_deepspeed(namespace, flags: list[str]) -> list[str]:
+    """``deepspeed: auto`` (the launch scripts' default on GPUs): the fastest DeepSpeed config predicted to fit this
+    GPU (:mod:`suzak.models.memory`), said in one line on rank 0, appended to the flags (the last one wins)."""
+    if getattr(namespace, "deepspeed", None) != "auto":
+        return flags
+    from suzak.models.loading import model_config
+    from suzak.models.memory import plan_for
+
+    plan = plan_for(namespace, model_config(namespace, for_vllm=bool(getattr(namespace, "use_vllm", False))))
+    if os.environ.get("RANK", "0") == "0":
+        logger.info("%s", plan.line())
+    if not plan.fits:
+        logger.warning("deepspeed auto: nothing is predicted to fit this run (%s)", plan.why)
+    return [*flags, "--deepspeed", plan.config_path]
 
 
 def _check_quantization(suzak_args, config, model_args) -> None:

@@ -229,6 +229,11 @@ def model_budget(model_args, min_pixels: int, max_pixels: int, *, for_vllm: bool
     return PixelBudget(min_pixels, max_pixels).for_model(config)
 
 
+def model_config(model_args, *, for_vllm: bool = False):
+    """The recipe's model's transformers config (no weights loaded); bad paths and unsupported families are one line."""
+    return _checked_config(model_args, for_vllm)[1]
+
+
 def model_type(model_args, *, for_vllm: bool = False) -> str | None:
     """The recipe's model's ``model_type`` (``qwen2_5_vl``, ``qwen2``, ...), read from its config (no weights loaded):
     what its box frame depends on (:mod:`suzak.boxes`)."""
