@@ -256,3 +256,76 @@ def test_the_boxes_command_prints_one_json_line_both_ways():
     bad = _boxes("--family", "qwen2_vl", "--width", "640", "--height", "480", "--box", "10", "10", "700", "20")
     assert bad.returncode == 1
     assert bad.stderr.strip() == "error: box [10, 10, 700, 20]: x2 700 is outside the image (width 640)"
+
+
+# --- a box in the question ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_a_box_in_the_question_is_put_in_the_models_frame(family):
+    """``{box}`` / ``{box2}`` in a question become the row's ``question_boxes`` (original pixels) in the frame the
+    model answers in, at the budget's size: the same numbers as a gold box there (changing the budget moves them)."""
+    from suzak.boxes import question_box_text
+
+    image = Image.new("RGB", (1600, 900))  # larger than the budget: the resize matters
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Compare {box} with {box2}."}]}]
+    row = {"image": image, "prompt": prompt, "question_boxes": "[[0, 0, 800, 450], [800, 450, 1600, 900]]"}
+    for budget in (PixelBudget(3136, 401408, factor=family_factors()[family]),
+                   PixelBudget(3136, 100352, factor=family_factors()[family])):  # fmt: skip
+        framed = with_box_frame(row, family, budget)
+        frame = BoxFrame.from_dict(framed["box_frame"])
+        text = framed["prompt"][0]["content"][1]["text"]
+        first, second = (question_box_text(box, frame) for box in ([0, 0, 800, 450], [800, 450, 1600, 900]))
+        assert text == f"Compare {first} with {second}." and "{box" not in text
+        assert (
+            model_answer({"solution": "[0, 0, 800, 450]", "box_frame": frame}).count(
+                str(frame.to_model([0, 0, 800, 450])[2])
+            )
+            >= 1
+        )
+        assert row["prompt"][0]["content"][1]["text"] == "Compare {box} with {box2}."  # the dataset's row unchanged
+
+
+def test_question_boxes_that_cannot_be_put_are_one_line(tmp_path):
+    import datasets
+
+    from suzak import SuzakError
+    from suzak.checks import validate_rows
+
+    image = Image.new("RGB", (640, 480))
+    with pytest.raises(SuzakError, match=r"names \{box2\} and the row's question_boxes holds 1 box"):
+        with_box_frame({"image": image, "prompt": "What is in {box2}?", "question_boxes": [1, 1, 9, 9]}, "qwen2_5_vl",
+                       PixelBudget(3136, 401408, factor=28))  # fmt: skip
+    rows = [{"image": image, "prompt": "{box}?", "question_boxes": "[1, 1, 9, 9]", "line": 1},
+            {"image": image, "prompt": "{box}?", "question_boxes": "[1, 1, 900, 9]", "line": 2}]  # fmt: skip
+    problems = validate_rows(datasets.Dataset.from_list(rows), PixelBudget(3136, 401408, factor=28))
+    assert [(p.line, p.column) for p in problems] == [(2, "question_boxes")]
+    assert "question box [1, 1, 900, 9]: x2 900 is outside the image (width 640)" in problems[0].reason
+
+
+def test_sft_prompts_get_their_question_boxes_in_the_frame():
+    import datasets
+
+    from suzak.sft import to_sft_dataset
+
+    image = Image.new("RGB", (1600, 900))
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in {box}?"}]}]
+    dataset = datasets.Dataset.from_list([{"image": image, "prompt": prompt, "question_boxes": "[0, 0, 800, 450]",
+                                           "solution": "[0, 0, 800, 450]"}])  # fmt: skip
+    budget = PixelBudget(3136, 401408, factor=28)
+    row = to_sft_dataset(dataset, "box", "qwen2_5_vl", budget)[0]
+    box = BoxFrame.of("qwen2_5_vl", 1600, 900, budget).to_model([0, 0, 800, 450])
+    assert row["prompt"][0]["content"][1]["text"] == "What is in [{}, {}, {}, {}]?".format(*box)
+    assert json.loads(row["completion"][0]["content"]) == {"bbox_2d": list(box)}
+
+
+def test_eval_items_get_their_question_boxes_in_the_engines_frame():
+    from suzak.eval.runner import with_box_frames
+    from suzak.eval.tasks import EvalItem
+
+    image = Image.new("RGB", (1600, 900))
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in {box}?"}]}]
+    item = EvalItem(0, "k", {"question_boxes": [0, 0, 800, 450]}, prompt, "a cat", (image,))
+    for family, expected in (("qwen2_vl", "<|box_start|>(0,0),(500,500)<|box_end|>"), ("qwen3_vl", "[0, 0, 500, 500]")):
+        framed = with_box_frames([item], family, PixelBudget(3136, 401408, factor=family_factors()[family]))[0]
+        assert framed.prompt[0]["content"][1]["text"] == f"What is in {expected}?" and framed.gold == "a cat"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 BOX_FRAME_COLUMN = "box_frame"  # the column the trainer adds to a row with one image: its frame, for the rewards
+QUESTION_BOXES_COLUMN = "question_boxes"  # boxes a row's question names ({box}, {box2}, ...), in original pixels
+_QUESTION_MARK = re.compile(r"\{box(\d*)\}")
 Box = tuple[float, float, float, float]
 
 
@@ -180,8 +183,75 @@ def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget)
     if family not in FRAMES:
         return row
     images = images_of(row)
-    frame = BoxFrame.of(family, images[0].width, images[0].height, budget).as_dict() if len(images) == 1 else None
-    return {**row, BOX_FRAME_COLUMN: frame}
+    frame = BoxFrame.of(family, images[0].width, images[0].height, budget) if len(images) == 1 else None
+    if row.get(QUESTION_BOXES_COLUMN) is not None:
+        if frame is None:
+            raise SuzakError(f"{QUESTION_BOXES_COLUMN}: a box in a question needs the row's one image, and it has "
+                             f"{len(images)}")  # fmt: skip
+        row = {**row, "prompt": put_question_boxes(row["prompt"], question_boxes_of(row), frame)}
+    return {**row, BOX_FRAME_COLUMN: frame.as_dict() if frame else None}
+
+
+def question_boxes_of(row: dict[str, Any]) -> list[list[float]]:
+    """The boxes a row's question names (:data:`QUESTION_BOXES_COLUMN`: one box or a list of them, as a list or its
+    JSON text; original-image pixels), [] for a row without.
+
+    >>> question_boxes_of({"question_boxes": "[10, 20, 30, 40]"}), question_boxes_of({"question_boxes": [[1, 2, 3, 4]]})
+    ([[10, 20, 30, 40]], [[1, 2, 3, 4]])
+    """
+    value = row.get(QUESTION_BOXES_COLUMN)
+    if value is None:
+        return []
+    value = json.loads(value) if isinstance(value, str) else value
+    return [list(box) for box in value] if value and isinstance(value[0], list | tuple) else [list(value)]
+
+
+def question_box_text(box: Sequence[float], frame: BoxFrame) -> str:
+    """A box inside a question as the family reads one: Qwen2-VL's box tokens, else ``[x1, y1, x2, y2]``, in the
+    model's frame at the image's budgeted size (what the model answers in, so a question's box and an answer's
+    box are in one frame).
+
+    >>> frame = BoxFrame.of("qwen2_5_vl", 1920, 1080, PixelBudget(3136, 401408, factor=28))
+    >>> question_box_text([960, 540, 1920, 1080], frame), (frame.resized_width, frame.resized_height)
+    ('[420, 224, 840, 448]', (840, 448))
+    >>> question_box_text([960, 540, 1920, 1080], BoxFrame.of("qwen2_vl", 1920, 1080, PixelBudget(3136, 401408, 28)))
+    '<|box_start|>(500,500),(999,999)<|box_end|>'
+    """
+    model = frame.to_model(box)
+    return render_boxes([model], "tokens") if frame.spec.form == "tokens" else "[{}, {}, {}, {}]".format(*model)
+
+
+def put_question_boxes(prompt: Any, boxes: list[list[float]], frame: BoxFrame) -> Any:
+    """``prompt`` (text or chat messages) with each ``{box}`` / ``{box1}`` (the first box), ``{box2}`` ... replaced by
+    that box in the model's frame (:func:`question_box_text`). A mark with no box is one line.
+
+    >>> frame = BoxFrame.of("qwen3_vl", 200, 100, PixelBudget(1024, 65536, factor=32))
+    >>> put_question_boxes([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in {box}?"}]}],
+    ...                    [[0, 0, 100, 50]], frame)[0]["content"][1]["text"]
+    'What is in [0, 0, 500, 500]?'
+    """
+
+    def text(value: str) -> str:
+        def one(match: re.Match) -> str:
+            number = int(match.group(1) or 1)
+            if not 1 <= number <= len(boxes):
+                raise SuzakError(f"the question names {match.group(0)} and the row's {QUESTION_BOXES_COLUMN} holds "
+                                 f"{len(boxes)} box(es)")  # fmt: skip
+            return question_box_text(boxes[number - 1], frame)
+
+        return _QUESTION_MARK.sub(one, value)
+
+    if isinstance(prompt, str):
+        return text(prompt)
+    out = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            content = text(content)
+        elif isinstance(content, list):
+            content = [part | {"text": text(part["text"])} if part.get("type") == "text" else part for part in content]
+        out.append({**message, "content": content})
+    return out
 
 
 def model_answer(row: dict[str, Any], label: str | None = None) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import box_problem, model_answer
+from suzak.boxes import QUESTION_BOXES_COLUMN, box_problem, model_answer, question_boxes_of
 from suzak.parsing import gold_answer, gold_boxes
 from suzak.prompts import after_opening, render_answer, template_opening
 from suzak.trl_internals import reward_call_kwargs
@@ -299,7 +299,8 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
     image_columns = [c for c in ("image", "images") if c in dataset.column_names]
     if image_columns and budget.factor is None:
         raise ValueError("validate_rows sizes images for a model: pass PixelBudget.for_model(processor or config)")
-    columns = image_columns + [c for c in ("video", "solution", "line", "image_path") if c in dataset.column_names]
+    columns = image_columns + [c for c in ("video", "solution", "line", "image_path", QUESTION_BOXES_COLUMN)
+                               if c in dataset.column_names]  # fmt: skip
     raw = dataset.select_columns(columns)
     for column in image_columns:
         feature = raw.features[column]
@@ -340,6 +341,8 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
                 reason = _image_problem(value, budget, sizes)
                 if reason:
                     return problem | {"column": column, "reason": reason, "image_file": path or row.get("image_path")}
+    if row.get(QUESTION_BOXES_COLUMN) is not None and (reason := _question_boxes_problem(row, sizes)):
+        return problem | {"column": QUESTION_BOXES_COLUMN, "reason": reason}
     if gold_parsers:
         gold = row.get("solution")
         for name, parse in gold_parsers.items():
@@ -364,6 +367,21 @@ def _boxes_problem(boxes: list, sizes: list[tuple[int, int]], reward: str) -> st
     for box in boxes:
         if reason := box_problem(list(box), width, height):
             return f"gold box {[round(v, 2) for v in box]}: {reason} ({reward} reads boxes in original-image pixels)"
+    return ""
+
+
+def _question_boxes_problem(row: dict, sizes: list[tuple[int, int]]) -> str:
+    """Why a row's question boxes (original pixels, :data:`suzak.boxes.QUESTION_BOXES_COLUMN`) cannot be put in its
+    question ('' when they can): one image, each box inside it."""
+    try:
+        boxes = question_boxes_of(row)
+    except (ValueError, TypeError, IndexError) as error:
+        return f"cannot read {row[QUESTION_BOXES_COLUMN]!r:.80} as boxes ({error})"
+    if len(sizes) != 1:
+        return f"a box in a question is drawn on the row's one image, and the row has {len(sizes)}"
+    for box in boxes:
+        if reason := box_problem(box, *sizes[0]):
+            return f"question box {box!r:.60}: {reason} (question boxes are in original-image pixels)"
     return ""
 
 

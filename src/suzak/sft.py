@@ -21,7 +21,7 @@ import logging
 import re
 
 from suzak import SuzakError, session
-from suzak.boxes import model_answer, with_box_frame
+from suzak.boxes import QUESTION_BOXES_COLUMN, model_answer, with_box_frame
 from suzak.configs import parse_sft_args
 from suzak.prompts import get_template, render_answer
 from suzak.session import add_first, build_datasets, build_eval_callback
@@ -68,8 +68,10 @@ def to_sft_dataset(dataset, answer_format: str, family: str | None = None, budge
             text = sft_completion(framed, answer_format)
         except (ValueError, TypeError, KeyError) as error:
             raise SuzakError(f"cannot build the SFT target of row {index}: {error}") from None
-        return {"completion": [{"role": "assistant", "content": text}]}
+        completion = {"completion": [{"role": "assistant", "content": text}]}
+        return completion | ({"prompt": framed["prompt"]} if questions_with_boxes else {})  # boxes put in the frame
 
+    questions_with_boxes = QUESTION_BOXES_COLUMN in dataset.column_names and budget is not None
     return dataset.map(add_completion, with_indices=True, desc="SFT targets")
 
 

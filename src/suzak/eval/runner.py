@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import FRAMES, BoxFrame
+from suzak.boxes import FRAMES, BoxFrame, put_question_boxes, question_boxes_of
 from suzak.eval.engine import HFEngine, VLLMEngine
 from suzak.eval.models import Quantization, eval_device, eval_dtype, load_eval_model, merged_model_dir, saved_budget
 from suzak.eval.report import RunResult, accuracy, draw_boxes, markdown_summary, mean_std, rule_flag, write_results
@@ -389,10 +389,15 @@ def with_box_frames(items: list[EvalItem], family: str, budget: PixelBudget) -> 
     this pixel budget (:class:`suzak.boxes.BoxFrame`, as training gives each row): what its scorers map boxes with."""
     framed = []
     for item in items:
-        if isinstance(item.gold, dict) and "boxes" in item.gold:
+        boxes = question_boxes_of(item.record) if isinstance(item.record, dict) else []
+        if (isinstance(item.gold, dict) and "boxes" in item.gold) or boxes:
             image = item.images[0]
             width, height = image.size if isinstance(image, Image.Image) else Image.open(image).size  # the header
-            item = replace(item, gold={**item.gold, "frame": BoxFrame.of(family, width, height, budget).as_dict()})
+            frame = BoxFrame.of(family, width, height, budget)
+            if boxes:  # a box in the question, in the frame the model answers in (suzak.boxes.put_question_boxes)
+                item = replace(item, prompt=put_question_boxes(item.prompt, boxes, frame))
+            if isinstance(item.gold, dict) and "boxes" in item.gold:
+                item = replace(item, gold={**item.gold, "frame": frame.as_dict()})
         framed.append(item)
     return framed
 
@@ -522,7 +527,7 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     engine = engine or build_engine(config, task, budget, items, state=state)
     budget = getattr(engine, "budget", budget)  # with the patch factor of the model's processor
     boxes = any(isinstance(item.gold, dict) and "boxes" in item.gold for item in items)
-    if boxes:
+    if boxes or any(isinstance(item.record, dict) and question_boxes_of(item.record) for item in items):
         items = with_box_frames(items, engine.model_type, budget)
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
