@@ -174,6 +174,8 @@ def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget)
     """``row`` with its :data:`BOX_FRAME_COLUMN`: the frame of its one image (:meth:`BoxFrame.as_dict`) for a model
     ``family`` that has one, None for a row with no image or several (every row of a batch has the column: TRL hands
     rewards each column of the batch's first row). A text model's row (``family`` without a frame) is left as it is.
+    A row with :data:`QUESTION_BOXES_COLUMN` also gets its prompt's ``{box}`` marks in that frame
+    (:func:`put_question_boxes`): the question's boxes and the answer's are worked out in this one place.
 
     >>> from PIL import Image
     >>> row = with_box_frame({"image": Image.new("RGB", (640, 480))}, "qwen2_5_vl", PixelBudget(3136, 50176, factor=28))

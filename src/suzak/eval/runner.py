@@ -386,7 +386,8 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
 
 def with_box_frames(items: list[EvalItem], family: str, budget: PixelBudget) -> list[EvalItem]:
     """Each grounding item (a :func:`suzak.eval.tasks.box_gold`) with the frame of its image for this model family at
-    this pixel budget (:class:`suzak.boxes.BoxFrame`, as training gives each row): what its scorers map boxes with."""
+    this pixel budget (:class:`suzak.boxes.BoxFrame`, as training gives each row): what its scorers map boxes with;
+    an item whose input line has ``question_boxes`` gets them put in its prompt in that frame."""
     framed = []
     for item in items:
         boxes = question_boxes_of(item.record) if isinstance(item.record, dict) else []
