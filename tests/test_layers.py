@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("suzak", "suzak.prompts", "suzak.parsing", "suzak.vision", "suzak.video", "suzak.boxes",
                 "suzak.redaction", "suzak.hub", "suzak.trl_internals")),
-    ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.rewards")),
+    ("data, models, rewards, tools", ("suzak.data.*", "suzak.models.*", "suzak.rewards", "suzak.tools")),
     ("checks", ("suzak.checks",)),
     ("eval", ("suzak.eval.*",)),
     ("runs", ("suzak.runs.*",)),

@@ -328,3 +328,24 @@ def test_a_list_in_the_scored_batch_is_shuffled_and_split_with_the_rows():
     assert [v["row"] for v in halves[1]["videos"]] == halves[1]["prompt_ids"][:, 0].tolist()
     source = inspect.getsource(GRPOTrainer._prepare_inputs)
     assert "shuffle_sequence_dict(generation_batch)" in source and "split_tensor_dict(generation_batch" in source
+
+
+def test_tool_loop_internals_the_zoom_relies_on():
+    """The zoom (suzak.tools, VLMGRPOTrainer): TRL resets one environment per rollout with the row's columns as
+    keywords and keeps them in ``self.environments``; ``_get_tool_suffix_ids`` gives a tool turn's tokens (the
+    pre-check's size); the scored batch's ``tool_mask`` marks the tool turns (masked out of the sampler guard, whose
+    logprobs TRL fills with 0 there); the response templates of Qwen's two call forms live in chat_template_utils."""
+    from trl import chat_template_utils
+
+    from suzak.trl_internals import tool_call_parser
+
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "self.environments.append(pool[index])" in score
+    assert "observation = environment.reset(**reset_kwargs)" in score
+    assert 'output["tool_mask"] = tool_mask' in score
+    assert _params(GRPOTrainer._get_tool_suffix_ids) == ["self", "tool_messages"]
+    loop = inspect.getsource(GRPOTrainer._tool_call_loop)
+    assert "logprobs[idx_with_tool] += [0.0] * tool_length + post_tool_logprobs[idx]" in loop
+    assert "self._generate_single_turn(" in loop  # tool turns reach vLLM through suzak's placeholder collapse
+    assert tool_call_parser("json") is chat_template_utils.qwen3_template
+    assert tool_call_parser("xml") is chat_template_utils.qwen3_5_template

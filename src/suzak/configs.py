@@ -76,6 +76,24 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": "Per-reward keyword arguments, e.g. {gsm8k_format: {style: hash}}. On the command line "
                           "they update the recipe's reward by reward, key by key ({reward: null} drops the recipe's)."},
     )  # fmt: skip
+    tools: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tools the policy may call during a rollout (multi-turn, docs/tools.md): zoom (built in: "
+                          "crops the original image at a box in the model's own frame and shows the crop next turn) "
+                          "or dotted paths to a tool function or an environment class. TRL's "
+                          "max_tool_calling_iterations caps the turns; tool turns count against max_completion_length "
+                          "and carry no loss."},
+    )  # fmt: skip
+    tool_max_pixels: int | None = field(
+        default=None,
+        metadata={"help": "Pixel budget upper bound of each zoom crop (default: max_pixels; between min_pixels and "
+                          "max_pixels). The crop is cut from the original image, then fitted to this budget."},
+    )  # fmt: skip
+    tool_max_visual_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Visual tokens all zoom crops of one rollout may show; a zoom past it is a tool error the "
+                          "model reads (default: no cap beyond max_completion_length)."},
+    )  # fmt: skip
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
     quantize_vision_tower: bool = field(
         default=False,
@@ -388,10 +406,27 @@ def _parse(config_class, argv: list[str] | None):
     _recipe_reward_kwargs(suzak_args, recipe, flags)
     _check_vllm_server(config)
     _check_quantization(suzak_args, config, model_args)
+    _check_tools(suzak_args, config)
     if suzak_args.on_nonfinite == "skip" and config.deepspeed:
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
     return suzak_args, config, model_args
+
+
+def _check_tools(suzak_args: SuzakArguments, config) -> None:
+    """The tool settings against the pixel budget and the completion length, before the model loads."""
+    crop = suzak_args.tool_max_pixels
+    if crop is not None and not suzak_args.min_pixels <= crop <= suzak_args.max_pixels:
+        raise SuzakError(f"tool_max_pixels {crop} must lie between min_pixels {suzak_args.min_pixels} and max_pixels "
+                         f"{suzak_args.max_pixels} (processors and vLLM take every image within those bounds)")  # fmt: skip
+    cap = suzak_args.tool_max_visual_tokens
+    if cap is not None and cap < 1:
+        raise SuzakError(f"tool_max_visual_tokens must be at least 1, got {cap}")
+    if not suzak_args.tools and (crop is not None or cap is not None):
+        logger.warning("tool_max_pixels / tool_max_visual_tokens are set but tools is empty: they do nothing")
+    if suzak_args.tools and getattr(config, "max_tool_calling_iterations", 0) is None:
+        logger.info("tools: max_tool_calling_iterations is unset, so a rollout calls tools until it answers or "
+                    "reaches max_completion_length (%s tokens)", config.max_completion_length)  # fmt: skip
 
 
 def _resolve_auto_deepspeed(namespace, flags: list[str]) -> list[str]:

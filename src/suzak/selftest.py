@@ -260,6 +260,14 @@ def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: i
     return datasets.Dataset.from_list([row | {"image": grey} for row in dataset])
 
 
+def zoom_dataset(num_rows: int, seed: int, images: str = "aligned", factor: int = 28, slots: int = 4):
+    """Rows {prompt, image, solution, question_boxes} of the zoom task (:func:`suzak.data.zoom.zoom_stripes`): images
+    8 visual tokens of ``factor`` pixels a side, the striped square (2 tokens a side) in one of ``slots`` places."""
+    from suzak.data.zoom import zoom_stripes
+
+    return zoom_stripes(num_rows, seed=seed, images=images, side=8 * factor, slots=slots)
+
+
 def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,
                      size: tuple[int, int] | None = None):  # fmt: skip
     """Rows {prompt, image, solution}: CLEVR scenes of 1-3 large objects, "How many ...?" and the bare count, drawn

@@ -24,6 +24,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     from suzak.models.lora_targets import check_lora_targets
     from suzak.prompts import get_template
     from suzak.rewards import resolve_rewards
+    from suzak.tools import resolve_tools
     from suzak.trainer import VLMGRPOTrainer
     from suzak.trl_internals import SamplerGuard
 
@@ -32,6 +33,8 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     budget = model_budget(
         model_args, suzak_args.min_pixels, suzak_args.max_pixels, for_vllm=grpo_args.use_vllm
     )  # the model's patch factor
+    toolset = resolve_tools(suzak_args.tools, budget.for_crops(suzak_args.tool_max_pixels),
+                            suzak_args.tool_max_visual_tokens)  # fmt: skip
     heldout = None
     if train_dataset is None:
         train_dataset, heldout = build_datasets(suzak_args, grpo_args, budget)
@@ -55,6 +58,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         preflight_rows=suzak_args.preflight_rows,
         sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
         opening_in_completion=suzak_args.opening_in_completion,
+        **toolset.trainer_kwargs(),
         **trainer_kwargs,
     )
     session.add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class,

@@ -35,16 +35,19 @@ from typing import Any
 import datasets
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
+from PIL import Image
 from transformers.trainer_callback import ProgressCallback
 
 from suzak import SuzakError
 from suzak.boxes import with_box_frame
 from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.models.positions import use_qwen_video_positions
+from suzak.models.tool_calling import prepare_tool_calling
 from suzak.prompts import template_opening
 from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
+from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory
 from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
 from suzak.video import row_clip
 from suzak.vision import (
@@ -126,6 +129,11 @@ class VLMGRPOTrainer(GRPOHooks):
         **kwargs,
     ):
         use_qwen_video_positions()  # before TRL loads a reference model
+        if kwargs.get("tools") or kwargs.get("environment_factory"):  # before TRL checks the template renders tools
+            model = kwargs.get("model", args[0] if args else None)
+            prepare_tool_calling(
+                kwargs["processing_class"], getattr(getattr(model, "config", None), "model_type", None)
+            )
         super().__init__(*args, **kwargs)
         self.sampler_guard = sampler_guard or self.sampler_guard
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
@@ -163,6 +171,8 @@ class VLMGRPOTrainer(GRPOHooks):
         clips: dict = {}  # one read per distinct video, likewise
         rows = ({k: v for k, v in row.items() if k != ROW_COLUMN} for row in inputs)  # rewards get the dataset's own
         framed = (self.with_box_frame(row) for row in rows)  # from the original image, before it is fitted
+        if self.environment_factories is not None:  # an environment (the zoom) gets each row's image as it is
+            framed = (self.with_original_image(row) for row in framed)
         fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in framed])
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
 
@@ -170,6 +180,13 @@ class VLMGRPOTrainer(GRPOHooks):
         """The row with its image's box frame for the box rewards (:func:`suzak.boxes.with_box_frame`): this model's
         family, the image's size and the size the pixel budget gives it."""
         return with_box_frame(row, self.model_type, self.pixel_budget)
+
+    @staticmethod
+    def with_original_image(row: dict[str, Any]) -> dict[str, Any]:
+        """The row with :data:`suzak.tools.ORIGINAL_IMAGE_COLUMN`: its one image before the budget fits it (what a
+        zoom crops), None for a row with none or several."""
+        images = images_of(row)
+        return {**row, ORIGINAL_IMAGE_COLUMN: images[0] if len(images) == 1 else None}
 
     @property
     def model_type(self) -> str | None:
@@ -185,6 +202,51 @@ class VLMGRPOTrainer(GRPOHooks):
         except SuzakError as error:
             raise SuzakError(f"{name}: {error}") from None
         return with_video(row, clip)
+
+    @property
+    def zoom_factory(self) -> ZoomFactory | None:
+        """The run's zoom (:class:`suzak.tools.ZoomFactory`), None without one."""
+        factory = (self.environment_factories or {}).get(None)
+        return factory if isinstance(factory, ZoomFactory) else None
+
+    def tool_problem_counts(self, environments: list) -> dict[str, int]:
+        """The zoom's failed calls of this batch by reason (``tools/zoom_<reason>`` in the step's log)."""
+        if self.zoom_factory is None:
+            return {}
+        zooms = [e for e in environments if isinstance(e, ZoomEnvironment)]
+        return {f"{ZOOM}_{reason}": sum(e.problems[reason] for e in zooms) for reason in ZOOM_PROBLEMS}
+
+    def check_tool_turns(self, dataset) -> None:
+        """With the zoom: the largest crop's tool turn must fit max_completion_length with room for an answer (TRL
+        silently drops a tool result that does not fit); rows without one image to zoom into are counted."""
+        factory = self.zoom_factory
+        if factory is None:
+            return
+        crops, seen = factory.budget, self.pixel_budget
+        if not seen.min_pixels <= crops.min_pixels <= crops.max_pixels <= seen.max_pixels:
+            raise SuzakError(f"tools: the zoom's crops ({crops.min_pixels}-{crops.max_pixels} pixels) must lie within "
+                             f"the pixel budget ({seen.min_pixels}-{seen.max_pixels}), whose bounds the processor and "
+                             "vLLM resize every image to")  # fmt: skip
+        side = int(factory.budget.max_pixels**0.5)
+        largest = factory.budget.fit(Image.new("RGB", (side, side)))
+        turn = self.tool_turn_length([{"role": "tool", "name": ZOOM, "content": [{"type": "image", "image": largest}]}])
+        limit = self.args.max_completion_length
+        if turn >= limit:
+            raise SuzakError(f"tools: a zoom's tool turn takes up to {turn} tokens (a {largest.width}x{largest.height} "
+                             f"crop, {factory.budget.tokens(largest.height, largest.width)} visual tokens) and "
+                             f"max_completion_length {limit} holds the whole multi-turn completion: raise "
+                             f"max_completion_length well above {turn} or lower tool_max_pixels")  # fmt: skip
+        if 2 * turn > limit:
+            logger.warning("tools: a zoom's tool turn takes up to %d of max_completion_length %d tokens, which also "
+                           "hold the calls and the answer; a tool result that does not fit is dropped", turn, limit)  # fmt: skip
+        rows = min(len(dataset), self.precheck_rows or len(dataset))
+        without = sum(len(images_of(dataset[i])) != 1 for i in range(rows))
+        if without:
+            logger.warning("tools: %d of %d rows checked have no single image to zoom into; their zoom calls get a "
+                           "tool error (counted as tools/zoom_no_image)", without, rows)  # fmt: skip
+        logger.info("tools: zoom crops fitted to %d-%d pixels (at most %d visual tokens, a tool turn of at most %d "
+                    "tokens of max_completion_length %d)", factory.budget.min_pixels, factory.budget.max_pixels,
+                    factory.budget.tokens(largest.height, largest.width), turn, limit)  # fmt: skip
 
     def batch_scored(self, inputs: list[dict[str, Any]]) -> None:
         """This batch's rows to the listeners, with image references gathered over ranks in TRL's rank order."""
@@ -248,6 +310,7 @@ class VLMGRPOTrainer(GRPOHooks):
             if self.args.vllm_tensor_parallel_size > 1:
                 raise SuzakError("use_vllm with video rows runs with vllm_tensor_parallel_size 1 (each rank's vLLM "
                                  f"gets its own rows' videos), got {self.args.vllm_tensor_parallel_size}")  # fmt: skip
+        self.check_tool_turns(dataset)
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:

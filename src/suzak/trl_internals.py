@@ -9,7 +9,8 @@ by name, instead of somewhere in a training run:
   (a resume's weights loaded with the model's key conversion, which transformers 5.17's resume leaves out);
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
-  method of the subclass), and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
+  method of the subclass), reads the per-rollout tool ``environments`` and calls ``_get_tool_suffix_ids`` (a tool
+  turn's length, for the pre-check), masks ``tool_mask``'s tool turns out of the stale-sampler guard, and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
   through ``chat_template_kwargs``; a batch's rows without images as ``[]`` for the processor, None for vLLM),
   ``_compute_loss`` and ``_get_per_token_logps_and_entropies`` (each chunk's video tensors added to the model call,
   image marks aligned, no empty image tensors: :func:`feeding_videos`), reads the scored batch from ``_logs``, logs
@@ -29,6 +30,9 @@ by name, instead of somewhere in a training run:
   (``{"prompt_token_ids", "multi_modal_data"}``, one per prompt), each given its row's video;
 - :func:`forget_vision_features_on_sync`: TRL's ``VLLMGeneration.sync_weights`` followed by vLLM's
   ``reset_encoder_cache`` (vLLM reuses an image's vision features across requests, from older weights);
+- :func:`tool_call_parser`: TRL's response templates for Qwen's two tool-call forms (``trl.chat_template_utils``'s
+  ``qwen3_template``, the ``<tool_call>`` JSON form, and ``qwen3_5_template``, the XML form), which
+  ``tokenizer.parse_response`` reads the model's calls with;
 - :func:`colocated_vllm_on_cpu` / :func:`keep_vllm_cpu_weights_live`: vLLM's own internals, on its CPU platform
   only: the unquantized linear and embedding layers keep computing from the weights TRL's weight sync writes into
   (vLLM packs a copy at load, ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), and TRL's
@@ -80,6 +84,7 @@ __all__ = [
     "keep_vllm_cpu_weights_live",
     "reward_call_kwargs",
     "sampling_logps",
+    "tool_call_parser",
     "vllm_requests_with_videos",
 ]
 
@@ -343,6 +348,14 @@ def _row_model_inputs(batch: dict[str, Any], row: int) -> dict[str, Any]:
         inputs["pixel_values"] = batch["pixel_values"][start : start + sum(rows_per_image[first : first + count])]
         inputs["image_grid_thw"] = batch["image_grid_thw"][first : first + count]
     return inputs
+
+
+def tool_call_parser(form: str) -> dict:
+    """TRL's response template for a tool-call ``form``: ``json`` (Qwen2.5, Qwen3, Qwen3-VL and suzak's Qwen2-VL /
+    Qwen2.5-VL template) or ``xml`` (Qwen3.5)."""
+    from trl import chat_template_utils
+
+    return {"json": chat_template_utils.qwen3_template, "xml": chat_template_utils.qwen3_5_template}[form]
 
 
 def forget_vision_features_on_sync(generation, main_process: bool) -> None:
@@ -694,10 +707,27 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             self._batch_clips = None
         if videos is not None:
             output[VIDEO_FIELDS] = videos
+        self._log_tool_problems()
         if self.model.training:
             self._check_sampler(output)
             self.batch_scored(inputs)
         return output
+
+    def _log_tool_problems(self) -> None:
+        """This batch's failed tool calls by reason (:meth:`tool_problem_counts` over TRL's per-rollout
+        ``environments``), summed over ranks into the step's log as ``tools/<reason>``."""
+        counts = self.tool_problem_counts(self.environments or [])
+        if not counts:
+            return
+        totals = self.accelerator.gather(torch.tensor([list(counts.values())], device=self.accelerator.device))
+        mode = "train" if self.model.training else "eval"
+        for reason, total in zip(counts, totals.sum(0).tolist(), strict=True):
+            self._metrics[mode][f"tools/{reason}"].append(float(total))
+
+    def tool_turn_length(self, tool_messages: list[dict]) -> int:
+        """Tokens TRL adds to a completion for these tool messages (the tool turn and the next assistant header),
+        from TRL's own ``_get_tool_suffix_ids``."""
+        return len(self._get_tool_suffix_ids(tool_messages))
 
     def _generate_single_turn(self, prompt_ids, images, *args, **kwargs):
         images = _none_for_empty(images)
@@ -866,11 +896,17 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         sampled = logps.gather(-1, batch["completion_ids"][row][:, None])[:, 0]  # (C,)
         vllm = batch["sampling_per_token_logps"][row].float()
         mask = batch["completion_mask"][row].bool() & ~torch.isnan(vllm)
+        if "tool_mask" in batch:  # tool turns (TRL's 0 for logps vLLM never sampled) are not the sampler's
+            mask &= batch["tool_mask"][row].bool()
         gap = (sampled - vllm).abs()[mask]
         if gap.numel() == 0:
             return torch.zeros(4, device=logits.device)
         return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device), mass[mask].sum(),
                             gap.max()])  # fmt: skip
+
+    def tool_problem_counts(self, environments: list) -> dict[str, int]:
+        """Failed tool calls of this batch by reason, the same keys on every rank ({} : nothing to log)."""
+        return {}
 
     def step_rows(self) -> list[str]:
         return list(dict.fromkeys(self._batch_rows))  # each prompt is in the batch num_generations times

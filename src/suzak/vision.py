@@ -221,6 +221,17 @@ class PixelBudget:
                              f" = {factor * factor} pixels): set max_pixels to at least {factor * factor}")  # fmt: skip
         return dataclasses.replace(self, factor=factor)
 
+    def for_crops(self, max_pixels: int | None) -> PixelBudget | None:
+        """The budget of a zoom's crops (``tool_max_pixels``; None: this budget's max): this budget's min pixels and
+        factor. None for a text model's budget (no factor: it sees no images).
+
+        >>> PixelBudget(3136, 401408, factor=28).for_crops(200704)
+        PixelBudget(min_pixels=3136, max_pixels=200704, factor=28)
+        """
+        if self.factor is None:
+            return None
+        return dataclasses.replace(self, max_pixels=self.max_pixels if max_pixels is None else max_pixels)
+
     def _factor(self) -> int:
         if self.factor is None:
             raise ValueError("this pixel budget has no patch factor yet: PixelBudget.for_model(processor) sets the "

@@ -1,0 +1,258 @@
+"""Tools a policy calls during a GRPO rollout ("thinking with images"): the built-in ``zoom``, and users' own.
+
+TRL 1.16's ``GRPOTrainer`` runs the tool loop (``tools=``, ``environment_factory=``): it parses each completion's
+tool calls, calls the tool, appends its answer (text, or content blocks with images) as a tool turn and generates the
+next turn; the tool turns' tokens carry no loss. This module is what suzak adds for Qwen VL models:
+
+- :class:`ZoomEnvironment`, one per rollout (TRL's environment protocol: ``reset(**row)`` and one public method per
+  tool). Its ``zoom(bbox_2d)`` takes a box **in the model's own frame** (:mod:`suzak.boxes`: relative 0-1000 for
+  Qwen2-VL, Qwen3-VL and Qwen3.5, pixels of the resized image for Qwen2.5-VL; always the frame of the row's image as
+  the model saw it), crops the **original** image (not the downscaled one the model saw) and returns the crop fitted to
+  its own pixel budget (``tool_max_pixels``) as the image of the next turn. A bad call (unparsable, out of the frame,
+  smaller than one visual token of the original, past the rollout's visual-token cap, no single image to zoom into)
+  goes back to the model as a one-line tool error and is counted by reason (:data:`ZOOM_PROBLEMS`); it never stops
+  the run.
+- :func:`resolve_tools`: recipe names to TRL's arguments: ``zoom`` (built in), a dotted path to a function (a
+  stateless tool, TRL's ``tools=``) or to a class with ``reset`` (an environment, TRL's ``environment_factory``; at
+  most one environment per run).
+
+>>> from PIL import Image
+>>> from suzak.boxes import BoxFrame
+>>> budget = PixelBudget(3136, 12544, factor=28)  # crops of at most 16 visual tokens
+>>> zoom = ZoomEnvironment(budget)
+>>> image = Image.new("RGB", (1000, 500))
+>>> frame = BoxFrame.of("qwen2_vl", 1000, 500, PixelBudget(3136, 50176, factor=28))
+>>> zoom.reset(original_image=image, box_frame=frame.as_dict())
+>>> crop = zoom.zoom([0, 0, 250, 500])[0]["image"]  # the top-left quarter, in Qwen2-VL's 0-1000 frame
+>>> crop.size, zoom.visual_tokens
+((112, 112), 16)
+>>> zoom.zoom([600, 0, 500, 500])
+Traceback (most recent call last):
+...
+suzak.tools.ToolError: zoom: bbox_2d [600, 0, 500, 500] is not a box of the image: x1 < x2 and y1 < y2 within 0-999
+>>> dict(zoom.problems)
+{'out_of_range': 1}
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import math
+import numbers
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from suzak import SuzakError
+from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame
+from suzak.vision import PixelBudget
+
+__all__ = [
+    "ORIGINAL_IMAGE_COLUMN",
+    "ZOOM",
+    "ZOOM_PROBLEMS",
+    "ToolError",
+    "ToolSet",
+    "ZoomEnvironment",
+    "ZoomFactory",
+    "resolve_tools",
+]
+
+logger = logging.getLogger(__name__)
+
+ZOOM = "zoom"
+# The column the trainer adds to each row when a run has tools: the row's one image as the dataset holds it, before
+# the pixel budget fits it (what a zoom crops).
+ORIGINAL_IMAGE_COLUMN = "original_image"
+# Why a zoom call failed, the keys of ZoomEnvironment.problems (logged as tools/zoom_<reason> per step).
+ZOOM_PROBLEMS = ("unparsable", "out_of_range", "too_small", "budget", "no_image")
+
+
+class ToolError(ValueError):
+    """A tool call the tool cannot answer; TRL sends the message back to the model as the tool's error, and counts it
+    (``tools/failure_frequency``)."""
+
+
+class ZoomEnvironment:
+    """One rollout's zoom tool (TRL's ``environment_factory`` protocol; one instance per rollout, reset per row).
+
+    ``budget`` is the crop's pixel budget, bound to the model's patch factor (min pixels as training's, max pixels
+    ``tool_max_pixels``); ``max_visual_tokens`` caps the visual tokens of all the crops of one rollout (None: no cap).
+    ``problems`` counts the failed calls since the last reset by reason (:data:`ZOOM_PROBLEMS`); ``calls`` and
+    ``visual_tokens`` what was handed out.
+    """
+
+    def __init__(self, budget: PixelBudget, max_visual_tokens: int | None = None):
+        if budget.factor is None:
+            raise ValueError("the zoom's pixel budget needs the model's patch factor (PixelBudget.for_model)")
+        self._budget = budget
+        self._max_visual_tokens = max_visual_tokens
+        self._image: Image.Image | None = None
+        self._frame: BoxFrame | None = None
+        self.problems: Counter = Counter()
+        self.calls = 0
+        self.visual_tokens = 0
+
+    def reset(self, **row: Any) -> None:
+        """Take a new row: its original image and its box frame (the columns the trainer adds); no observation."""
+        image, frame = row.get(ORIGINAL_IMAGE_COLUMN), row.get(BOX_FRAME_COLUMN)
+        self._image = image if isinstance(image, Image.Image) else None
+        self._frame = BoxFrame.from_dict(frame) if frame else None
+        self.problems = Counter()
+        self.calls = 0
+        self.visual_tokens = 0
+
+    def zoom(self, bbox_2d: list[int]) -> list[dict]:
+        """Zoom into a region of the image to see it in more detail: returns that region as a new image.
+
+        Args:
+            bbox_2d: The region as [x1, y1, x2, y2], in the same coordinates as a box you answer with.
+        """
+        self.calls += 1
+        if self._image is None or self._frame is None:
+            self._fail("no_image", "this question has no single image to zoom into")
+        box = _four_numbers(bbox_2d)
+        if box is None:
+            self._fail("unparsable", f"bbox_2d must be four numbers [x1, y1, x2, y2], got {_shown(bbox_2d)}")
+        if not self._frame.in_frame(box):
+            self._fail("out_of_range", f"bbox_2d {_shown(bbox_2d)} is not a box of the image: x1 < x2 and y1 < y2 "
+                                       f"within {_extent(self._frame)}")  # fmt: skip
+        crop = self._crop(box)
+        factor = self._budget.factor
+        if min(crop.size) < factor:
+            self._fail("too_small", f"bbox_2d {_shown(bbox_2d)} covers {crop.width}x{crop.height} pixels of the image, "
+                                    f"less than one {factor}x{factor} patch: zoom into a larger region")  # fmt: skip
+        tokens = self._budget.tokens(crop.height, crop.width)
+        cap = self._max_visual_tokens
+        if cap is not None and self.visual_tokens + tokens > cap:
+            self._fail("budget", f"this answer's zooms may show {cap} visual tokens and {self.visual_tokens} are "
+                                 f"used; this one needs {tokens}: answer with what you have seen")  # fmt: skip
+        self.visual_tokens += tokens
+        return [{"type": "image", "image": self._budget.fit(crop)}]
+
+    def _crop(self, box: Sequence[float]) -> Image.Image:
+        """The original image's pixels under a model-frame box (whole pixels covering it, inside the image)."""
+        assert self._image is not None and self._frame is not None
+        x1, y1, x2, y2 = self._frame.from_model(box)
+        width, height = self._image.size
+        left, top = max(0, math.floor(x1)), max(0, math.floor(y1))
+        right, bottom = min(width, math.ceil(x2)), min(height, math.ceil(y2))
+        return self._image.crop((left, top, max(right, left), max(bottom, top)))
+
+    def _fail(self, reason: str, message: str):
+        self.problems[reason] += 1
+        raise ToolError(f"{ZOOM}: {message}")
+
+
+def _four_numbers(value: Any) -> tuple[float, float, float, float] | None:
+    if isinstance(value, (list, tuple)) and len(value) == 4:
+        if all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+            return tuple(float(v) for v in value)  # type: ignore[return-value]
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, list) else "[" + ", ".join(str(v) for v in value) + "]"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _extent(frame: BoxFrame) -> str:
+    top_x, top_y = frame.extent
+    return f"0-{top_x}" if top_x == top_y else f"0-{top_x} (x) and 0-{top_y} (y)"
+
+
+@dataclass
+class ToolSet:
+    """A run's tools as TRL takes them: ``tools`` (stateless functions) and ``environment_factory`` (None or a
+    callable making one environment per rollout)."""
+
+    names: list[str] = field(default_factory=list)
+    tools: list[Callable] = field(default_factory=list)
+    environment_factory: Callable[[], Any] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    @property
+    def zooms(self) -> bool:
+        return ZOOM in self.names
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """``tools`` and ``environment_factory`` for ``GRPOTrainer`` (nothing when the run has no tools)."""
+        kwargs: dict[str, Any] = {}
+        if self.tools:
+            kwargs["tools"] = list(self.tools)
+        if self.environment_factory is not None:
+            kwargs["environment_factory"] = self.environment_factory
+        return kwargs
+
+
+def resolve_tools(
+    names: Sequence[str], crop_budget: PixelBudget | None, max_visual_tokens: int | None = None
+) -> ToolSet:
+    """A recipe's ``tools`` as a :class:`ToolSet`: ``zoom`` (with ``crop_budget``, bound to the model) or dotted paths
+    ``pkg.module.name`` to a function (a stateless tool) or a class with ``reset`` (an environment; one per run).
+
+    >>> resolve_tools([], None).trainer_kwargs()
+    {}
+    >>> resolve_tools(["zoom", "zoom"], PixelBudget(factor=28))
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: tools: 'zoom' is listed twice
+    >>> resolve_tools(["zoom"], None)
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: tools: zoom crops images, and this model has no vision tower (no pixel budget)
+    """
+    toolset = ToolSet()
+    for name in names:
+        if name in toolset.names:
+            raise SuzakError(f"tools: {name!r} is listed twice")
+        if name == ZOOM:
+            if crop_budget is None or crop_budget.factor is None:
+                raise SuzakError("tools: zoom crops images, and this model has no vision tower (no pixel budget)")
+            factory: Any = ZoomFactory(crop_budget, max_visual_tokens)
+        else:
+            factory = _import_tool(name)
+        if inspect.isclass(factory) or isinstance(factory, ZoomFactory):
+            if toolset.environment_factory is not None:
+                raise SuzakError(f"tools: {name!r} is a second environment; a run takes one (TRL's "
+                                 "environment_factory), beside any number of plain tool functions")  # fmt: skip
+            toolset.environment_factory = factory
+        else:
+            toolset.tools.append(factory)
+        toolset.names.append(name)
+    return toolset
+
+
+@dataclass(frozen=True)
+class ZoomFactory:
+    """``environment_factory`` for the zoom: TRL calls it with no arguments, once per concurrent rollout."""
+
+    budget: PixelBudget
+    max_visual_tokens: int | None
+
+    def __call__(self) -> ZoomEnvironment:
+        return ZoomEnvironment(self.budget, self.max_visual_tokens)
+
+
+def _import_tool(name: str) -> Any:
+    module_name, _, attr = name.rpartition(".")
+    if not module_name:
+        raise SuzakError(f"unknown tool {name!r}; built in: {ZOOM} (or a dotted path such as 'my_pkg.tools.my_tool')")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SuzakError(f"cannot import tool {name!r} ({exc})") from exc
+    if inspect.isclass(found):
+        if not callable(getattr(found, "reset", None)):
+            raise SuzakError(f"tool {name!r} is a class without a reset method: an environment needs reset(**row)")
+        return found
+    if not callable(found):
+        raise SuzakError(f"tool {name!r} is a {type(found).__name__}, not a function or an environment class")
+    return found

@@ -1,0 +1,238 @@
+"""Tools in GRPO rollouts (suzak.tools, suzak.models.tool_calling): the zoom's crops and errors, each family's tool
+template and parser, the settings' checks, and multi-turn GRPO with the zoom on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from suzak import SuzakError
+from suzak.boxes import BoxFrame
+from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZOOM_PROBLEMS, ToolError, ZoomEnvironment, resolve_tools
+from suzak.vision import PixelBudget
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+
+
+def _noise(width: int, height: int, seed: int = 0) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def _zoom(image: Image.Image, family: str, seen: PixelBudget, crops: PixelBudget, cap: int | None = None):
+    zoom = ZoomEnvironment(crops, cap)
+    frame = BoxFrame.of(family, image.width, image.height, seen)
+    zoom.reset(**{ORIGINAL_IMAGE_COLUMN: image, "box_frame": frame.as_dict()})
+    return zoom, frame
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_zoom_crops_the_original_image_at_a_box_in_the_model_frame(family):
+    """The crop is the original's pixels under the box (not the downscaled view's), fitted to the crop budget."""
+    factor = 28 if family == "qwen2_5_vl" else 32
+    image = _noise(1280, 960)
+    seen = PixelBudget(factor * factor, 4 * factor * factor, factor=factor)  # the model sees a 2x2-token thumbnail
+    crops = PixelBudget(factor * factor, 64 * factor * factor, factor=factor)
+    zoom, frame = _zoom(image, family, seen, crops)
+    region = (320, 240, 640, 480)  # original pixels
+    model_box = list(frame.to_model(region))
+    crop = zoom.zoom(model_box)[0]["image"]
+    left, top, right, bottom = frame.from_model(model_box)
+    expected = crops.fit(image.crop((math.floor(left), math.floor(top), math.ceil(right), math.ceil(bottom))))
+    assert crop.size == expected.size and crop.tobytes() == expected.tobytes()
+    assert crop.width % factor == 0 and crop.height % factor == 0
+    assert zoom.visual_tokens == crops.tokens(crop.height, crop.width) > 4  # more detail than the whole view had
+    if family == "qwen2_5_vl":  # absolute pixels of the 2x2-token view: the box is coarse, the crop still original
+        assert max(model_box) <= 2 * factor
+
+
+def test_zoom_errors_are_tool_messages_counted_by_reason():
+    budget = PixelBudget(784, 3136, factor=28)
+    zoom, _ = _zoom(_noise(560, 560), "qwen2_vl", PixelBudget(784, 3136, factor=28), budget, cap=8)
+    calls = {
+        "unparsable": ["a", "b", "c", "d"],
+        "out_of_range": [500, 500, 400, 600],
+        "too_small": [0, 0, 10, 10],  # 5.6 x 5.6 pixels of the original: less than one 28-pixel patch
+    }
+    for box in calls.values():
+        with pytest.raises(ToolError, match=r"^zoom: "):
+            zoom.zoom(box)
+    zoom.zoom([0, 0, 500, 500])  # 4 visual tokens
+    zoom.zoom([500, 500, 999, 999])  # 4 more: the cap of 8
+    with pytest.raises(ToolError, match="visual tokens"):
+        zoom.zoom([0, 0, 500, 500])
+    assert dict(zoom.problems) == {"unparsable": 1, "out_of_range": 1, "too_small": 1, "budget": 1}
+    assert set(zoom.problems) <= set(ZOOM_PROBLEMS) and zoom.calls == 6
+    zoom.reset(prompt="a row without an image")
+    with pytest.raises(ToolError, match="no single image"):
+        zoom.zoom([0, 0, 500, 500])
+    assert dict(zoom.problems) == {"no_image": 1} and zoom.visual_tokens == 0
+
+
+def tool_for_tests(query: str) -> str:
+    """Look something up.
+
+    Args:
+        query: What to look up.
+    """
+    return query.upper()
+
+
+class EnvironmentForTests:
+    def reset(self, **row):
+        return None
+
+    def look(self, query: str) -> str:
+        """Look.
+
+        Args:
+            query: What to look at.
+        """
+        return query
+
+
+def test_resolve_tools_takes_zoom_functions_and_one_environment():
+    budget = PixelBudget(factor=28)
+    toolset = resolve_tools(["zoom", "tests.test_tools.tool_for_tests"], budget)
+    kwargs = toolset.trainer_kwargs()
+    assert [tool.__name__ for tool in kwargs["tools"]] == ["tool_for_tests"]  # (imported by its dotted path)
+    assert isinstance(kwargs["environment_factory"](), ZoomEnvironment)
+    environment = resolve_tools(["tests.test_tools.EnvironmentForTests"], None).environment_factory
+    assert environment.__name__ == "EnvironmentForTests" and callable(environment.reset)
+    for names, message in [
+        (["zoom", "tests.test_tools.EnvironmentForTests"], "second environment"),
+        (["zoomm"], "unknown tool 'zoomm'"),
+        (["tests.test_tools.nothing"], "cannot import tool"),
+        (["tests.test_tools.FAMILIES"], "not a function or an environment class"),
+        (["tests.test_tools.ToolError"], "without a reset method"),
+    ]:
+        with pytest.raises(SuzakError, match=message):
+            resolve_tools(names, budget)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_renders_and_parses_a_zoom_call(family, family_model_dir):
+    """Each family's tool template (suzak's for Qwen2-VL / Qwen2.5-VL, the native one for Qwen3-VL and Qwen3.5)
+    renders a call and a tool turn with an image, TRL's checks accept it, the parser reads the call back, and the
+    tools' system turn as a plain system message renders the same prompt (the SFT prior's path)."""
+    from transformers import AutoProcessor
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+
+    from suzak.models.tool_calling import prepare_tool_calling, tools_system_message
+
+    processor = AutoProcessor.from_pretrained(family_model_dir(family))
+    prepare_tool_calling(processor, family)
+    assert supports_tool_calling(processor) and is_chat_template_prefix_preserving(processor)
+    zoom = ZoomEnvironment(PixelBudget(factor=28)).zoom
+    image = Image.new("RGB", (64, 64))
+    user = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Where?"}]}]
+    call = [{"type": "function", "function": {"name": "zoom", "arguments": {"bbox_2d": [10, 20, 300, 400]}}}]
+    prompt = processor.apply_chat_template(user, tools=[zoom], add_generation_prompt=True, tokenize=False)
+    assert '"name": "zoom"' in prompt and "bbox_2d" in prompt
+    with_call = processor.apply_chat_template(user + [{"role": "assistant", "content": "", "tool_calls": call}],
+                                              tools=[zoom], tokenize=False)  # fmt: skip
+    assert with_call.startswith(prompt)
+    tokenizer = processor.tokenizer
+    parsed = tokenizer.parse_response(tokenizer(with_call[len(prompt) :])["input_ids"],
+                                      prefix=tokenizer(prompt)["input_ids"], tools=[zoom])  # fmt: skip
+    assert parsed["tool_calls"] == call
+    crop = {"role": "tool", "name": "zoom", "content": [{"type": "image", "image": image}]}
+    full = processor.apply_chat_template(user + [{"role": "assistant", "content": "", "tool_calls": call}, crop],
+                                         tools=[zoom], add_generation_prompt=True, tokenize=False)  # fmt: skip
+    tool_turn = full[len(with_call) :]
+    assert "<tool_response>" in tool_turn and tool_turn.count("<|image_pad|>") == 1
+    system = tools_system_message(processor, [zoom])
+    assert processor.apply_chat_template([system, *user], add_generation_prompt=True, tokenize=False) == prompt
+
+
+def test_tool_settings_are_checked_before_the_model_loads(tmp_path):
+    from suzak.configs import parse_args
+
+    base = ["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--tools", "zoom",
+            "--min_pixels", "3136", "--max_pixels", "50176"]  # fmt: skip
+    with pytest.raises(SuzakError, match="tool_max_pixels 1000 must lie between min_pixels 3136 and max_pixels 50176"):
+        parse_args([*base, "--tool_max_pixels", "1000"])
+    with pytest.raises(SuzakError, match="tool_max_visual_tokens must be at least 1"):
+        parse_args([*base, "--tool_max_visual_tokens", "0"])
+    suzak_args, config, _ = parse_args([*base, "--tool_max_pixels", "12544", "--max_tool_calling_iterations", "2"])
+    assert suzak_args.tools == ["zoom"] and suzak_args.tool_max_pixels == 12544
+    assert config.max_tool_calling_iterations == 2
+
+
+def zoom_rollouts(model_dir, tmp_path, env: dict, vllm: bool = False) -> dict:
+    """tests/zoom_rollouts.py's record: two GRPO steps with the zoom after a short SFT of the call."""
+    import sys
+
+    from conftest import ROOT, run_ok
+
+    record = tmp_path / "record.json"
+    command = [sys.executable, str(ROOT / "tests" / "zoom_rollouts.py"), str(model_dir), str(record)]
+    run_ok(command + (["--vllm"] if vllm else []), env, timeout=900)
+    return json.loads(record.read_text())
+
+
+def check_zoom_rollouts(record: dict) -> None:
+    """The calls were parsed and answered with crops of the original image (224 pixels a side, not the 56-pixel
+    view), the crops joined the next turn and the training forward, the tool turns carried no loss, the failed calls
+    were counted by reason, and every step's loss is finite."""
+    assert record["seen"] and {tuple(size) for size in record["seen"]} == {(224, 224)}
+    logs = [entry for entry in record["logs"] if "loss" in entry]
+    assert len(logs) == 2 and all(math.isfinite(entry["loss"]) for entry in logs)
+    assert min(entry["tools/call_frequency"] for entry in logs) > 0.5
+    assert all(f"tools/zoom_{reason}" in entry for entry in logs for reason in ZOOM_PROBLEMS)
+    answered = [batch for batch in record["batches"] if batch["tool_tokens"] > 0]
+    assert answered and all(batch["images"] > batch["rows"] for batch in answered)  # crops beside the rows' images
+    assert all(batch["post_tool_tokens"] > 0 for batch in answered)  # the model went on after seeing the crop
+
+
+def test_grpo_with_zoom_runs_multi_turn_rollouts_with_hf(tiny_model_dir, tmp_path, run_env):
+    check_zoom_rollouts(zoom_rollouts(tiny_model_dir, tmp_path, run_env))
+
+
+def test_a_zoom_turn_that_cannot_fit_stops_before_step_1(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig
+
+    from suzak.rewards import word_match
+    from suzak.selftest import zoom_dataset  # noqa: F401
+    from suzak.trainer import VLMGRPOTrainer
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    budget = PixelBudget(784, 50176).for_model(processor)
+
+    def trainer(crops: PixelBudget, length: int):
+        args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                          max_completion_length=length, report_to="none", use_cpu=True)  # fmt: skip
+        return VLMGRPOTrainer(model=model, reward_funcs=[word_match], args=args, processing_class=processor,
+                              train_dataset=zoom_dataset(4, 0), pixel_budget=budget,
+                              **resolve_tools(["zoom"], crops).trainer_kwargs())  # fmt: skip
+
+    with pytest.raises(SuzakError, match=r"a zoom's tool turn takes up to \d+ tokens \(a 224x224 crop, 64 visual "
+                                         r"tokens\) and max_completion_length 64"):  # fmt: skip
+        trainer(budget.for_crops(50176), 64).run_pre_checks()
+    with pytest.raises(SuzakError, match="must lie within the pixel budget"):
+        trainer(PixelBudget(784, 100352, factor=28), 512).run_pre_checks()
+    trainer(budget.for_crops(12544), 512).run_pre_checks()  # 16-token crops fit
+
+
+def test_zoom_recipe_trains_through_suzak_train(tmp_path, run_env):
+    """`python -m suzak.train` with recipes/zoom_smoke.yaml: the Qwen2.5-VL tool template is put in, the pre-check
+    sizes the zoom's tool turn, each step logs the tool metrics, and the saved processor renders tools."""
+    import csv
+    import sys
+
+    from conftest import run_ok
+
+    out = tmp_path / "run"
+    result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/zoom_smoke.yaml", "--max_steps", "1",
+                     "--eval_rows", "0", "--output_dir", str(out)], run_env)  # fmt: skip
+    assert "using suzak's qwen2_vl_tools.jinja" in result.stderr
+    assert "tools: zoom crops fitted to 784-3136 pixels (at most 4 visual tokens" in result.stderr
+    with open(out / "metrics.csv", newline="") as file:
+        (log,) = [row for row in csv.DictReader(file) if row.get("reward")]
+    assert log["tools/call_frequency"] and log["tools/zoom_out_of_range"]
+    assert "<tool_call>" in (out / "chat_template.jinja").read_text()

@@ -1,0 +1,102 @@
+"""Multi-turn GRPO with the zoom on a tiny model taught the call by a short SFT: ``python tests/zoom_rollouts.py
+MODEL_DIR OUTPUT.json [--vllm]``. Writes what tests/test_tools.py and tests/test_vllm_tier.py check: each step's log,
+the original image sizes the zoom got, and per scored batch whether any tool turn was trained around (``tool_mask``
+zeros inside the completion), how many images the forward took against how many rows, and the stale-sampler guard's
+gaps (with vLLM)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers.utils import get_json_schema
+from trl import GRPOConfig, SFTConfig, SFTTrainer
+
+from suzak.boxes import model_answer, with_box_frame
+from suzak.models.tool_calling import prepare_tool_calling, tools_system_message
+from suzak.rewards import word_match
+from suzak.selftest import zoom_dataset
+from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_tools
+from suzak.trainer import VLMGRPOTrainer
+from suzak.trl_internals import SamplerGuard
+from suzak.vision import PixelBudget, configure_processor
+
+
+def call_prior(model, processor, budget: PixelBudget, rows, steps: int, output_dir: Path) -> None:
+    """SFT steps that teach the model the zoom call on each question's box, in its family's frame and call form."""
+    system = tools_system_message(processor, [get_json_schema(ZoomEnvironment(budget).zoom)])
+    sft = []
+    for row in rows:
+        framed = with_box_frame(row, model.config.model_type, budget)
+        box = json.loads(model_answer({**framed, "solution": json.dumps(row["question_boxes"][0])}))["bbox_2d"]
+        call = [{"type": "function", "function": {"name": "zoom", "arguments": {"bbox_2d": box}}}]
+        sft.append({"prompt": [system, *framed["prompt"]], "image": row["image"],
+                    "completion": [{"role": "assistant", "content": "", "tool_calls": call}]})  # fmt: skip
+    args = SFTConfig(output_dir=str(output_dir / "prior"), max_steps=steps, per_device_train_batch_size=4,
+                     learning_rate=3e-3, lr_scheduler_type="constant", completion_only_loss=True, save_strategy="no",
+                     report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=steps)  # fmt: skip
+    SFTTrainer(
+        model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
+    ).train()
+
+
+def main(model_dir: str, output: str, vllm: bool) -> None:
+    torch.manual_seed(0)
+    out = Path(output).parent
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    prepare_tool_calling(processor, model.config.model_type)
+    budget = PixelBudget(3136, 3136).for_model(processor)  # the 8-token-a-side images seen at 2x2 tokens (vLLM keeps
+    # the checkpoint processor's bounds, 3136 pixels and up)
+    configure_processor(processor, budget)
+    factor = budget.factor
+    call_prior(model, processor, budget, list(zoom_dataset(64, 1, "grey", factor, slots=1)), 80, out)
+    settings = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 1024} if vllm else {}
+    args = GRPOConfig(output_dir=str(out / "grpo"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=160, max_tool_calling_iterations=1, temperature=0.5, learning_rate=1e-4,
+                      logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                      **settings)  # fmt: skip
+    trainer = VLMGRPOTrainer(model=model, reward_funcs=[word_match], args=args, processing_class=processor,
+                             train_dataset=zoom_dataset(16, 2, factor=factor, slots=1), pixel_budget=budget,
+                             sampler_guard=SamplerGuard(every=1, rows=4),
+                             **resolve_tools(["zoom"], budget).trainer_kwargs())  # fmt: skip
+    seen, batches = [], []
+    reset = ZoomEnvironment.reset
+
+    def spy_reset(self, **row):
+        seen.append(list(row[ORIGINAL_IMAGE_COLUMN].size))
+        return reset(self, **row)
+
+    score = trainer._generate_and_score_completions
+
+    def spy_score(inputs):
+        batch = score(inputs)
+        inside = batch["completion_mask"].bool()
+        batches.append({"tool_tokens": int((inside & (batch["tool_mask"] == 0)).sum()) if "tool_mask" in batch else 0,
+                        "images": int(batch["image_grid_thw"].size(0)), "rows": len(batch["num_images"]),
+                        "post_tool_tokens": _post_tool_tokens(batch)})  # fmt: skip
+        return batch
+
+    trainer._generate_and_score_completions = spy_score
+    ZoomEnvironment.reset = spy_reset
+    trainer.train()
+    record = {"logs": trainer.state.log_history, "seen": seen, "batches": batches,
+              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps]}  # fmt: skip
+    Path(output).write_text(json.dumps(record), encoding="utf-8")
+
+
+def _post_tool_tokens(batch) -> int:
+    """Model tokens after a tool turn (what the guard compares there, which depend on the crop's features)."""
+    if "tool_mask" not in batch:
+        return 0
+    mask, inside = batch["tool_mask"], batch["completion_mask"].bool()
+    after = (mask == 0).int().cummax(dim=1).values.bool()  # at or after the first tool token
+    return int((after & (mask == 1) & inside).sum())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], "--vllm" in sys.argv[3:])
