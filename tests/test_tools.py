@@ -211,12 +211,17 @@ def test_a_zoom_turn_that_cannot_fit_stops_before_step_1(tiny_model_dir, tmp_pat
                               train_dataset=zoom_dataset(4, 0), pixel_budget=budget,
                               **resolve_tools(["zoom"], crops).trainer_kwargs())  # fmt: skip
 
-    with pytest.raises(SuzakError, match=r"a zoom's tool turn takes up to \d+ tokens \(a 224x224 crop, 64 visual "
-                                         r"tokens\) and max_completion_length 64"):  # fmt: skip
+    with pytest.raises(SuzakError, match=r"a zoom's tool turn takes up to \d+ tokens \(a crop of up to 64 visual "
+                                         r"tokens at tool_max_pixels 50176\) and max_completion_length 64"):  # fmt: skip
         trainer(budget.for_crops(50176), 64).run_pre_checks()
     with pytest.raises(SuzakError, match="must lie within the pixel budget"):
         trainer(PixelBudget(784, 100352, factor=28), 512).run_pre_checks()
-    trainer(budget.for_crops(12544), 512).run_pre_checks()  # 16-token crops fit
+    fits = trainer(budget.for_crops(12544), 512)  # 16-token crops
+    fits.run_pre_checks()
+    image = Image.new("RGB", (112, 112))  # a 16-token crop: the tool turn the pre-check sized
+    assert fits.tool_turn_length([{"role": "tool", "name": "zoom", "content": [{"type": "image", "image": image}]}]) \
+        == fits.tool_turn_length([{"role": "tool", "name": "zoom", "content": [{"type": "image", "image":
+            Image.new("RGB", (28, 28))}]}]) + 15  # fmt: skip
 
 
 def test_zoom_recipe_trains_through_suzak_train(tmp_path, run_env):

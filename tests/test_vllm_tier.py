@@ -20,6 +20,7 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
   scores reported the same way (visual tokens and prompt ids per request: tests/test_vllm_boundary.py, against
   vLLM's own input processing);
 - grounding (``recipes/grounding_smoke.yaml``): boxes trained through vLLM, then evaluated alike on both engines;
+- tools: multi-turn rollouts with the zoom, whose crops reach vLLM in the next turn (tests/zoom_rollouts.py);
 - a text-only model (the tiny Qwen2.5 causal LM): GSM8K GRPO through its launch script with colocated vLLM, the
   guard quiet on the live sampler and stopping a frozen one, and both eval engines giving the same answers;
 - vLLM's CPU layers still repack their weights at load (the contract behind ``keep_vllm_cpu_weights_live``).
@@ -444,6 +445,24 @@ def test_grounding_trains_with_colocated_vllm_and_both_engines_answer_alike(vllm
         assert a["ground_truth"] == b["ground_truth"]  # the same frame: the same budget, the same family
         if a["model_output"] == b["model_output"]:
             assert (a["extracted_answer"], a["is_correct"]) == (b["extracted_answer"], b["is_correct"])
+
+
+# --- tools: multi-turn rollouts with the zoom -------------------------------------------------------------------------
+
+
+def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_env, tmp_path):
+    """tests/zoom_rollouts.py with colocated vLLM: every rollout calls the zoom, the crop goes back to vLLM in the next
+    turn's prompt (one placeholder per image handed over: the ids TRL's tool loop builds are expanded by the processor),
+    vLLM goes on after seeing it, the tool turns carry no loss, and the stale-sampler guard, which skips the tool
+    turns, scores the model tokens on both sides of them."""
+    from suzak.models.tiny import TinyConfig, build_tiny_model
+    from test_tools import check_zoom_rollouts, zoom_rollouts
+
+    model_dir = build_tiny_model(tmp_path / "tiny", TinyConfig.shaped(for_vllm=True))
+    record = zoom_rollouts(model_dir, tmp_path, vllm_env, vllm=True)
+    check_zoom_rollouts(record)
+    assert [gap[0] for gap in record["gaps"]] == [1, 2]
+    assert max(gap[1] for gap in record["gaps"]) < 0.01, record["gaps"]  # mean |gap| per check (tolerance 0.1)
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------

@@ -58,7 +58,7 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
     settings = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 1024} if vllm else {}
     args = GRPOConfig(output_dir=str(out / "grpo"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=160, max_tool_calling_iterations=1, temperature=0.5, learning_rate=1e-4,
-                      logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                      logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, bf16=False,
                       **settings)  # fmt: skip
     trainer = VLMGRPOTrainer(model=model, reward_funcs=[word_match], args=args, processing_class=processor,
                              train_dataset=zoom_dataset(16, 2, factor=factor, slots=1), pixel_budget=budget,

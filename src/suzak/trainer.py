@@ -227,13 +227,15 @@ class VLMGRPOTrainer(GRPOHooks):
             raise SuzakError(f"tools: the zoom's crops ({crops.min_pixels}-{crops.max_pixels} pixels) must lie within "
                              f"the pixel budget ({seen.min_pixels}-{seen.max_pixels}), whose bounds the processor and "
                              "vLLM resize every image to")  # fmt: skip
-        side = int(factory.budget.max_pixels**0.5)
-        largest = factory.budget.fit(Image.new("RGB", (side, side)))
-        turn = self.tool_turn_length([{"role": "tool", "name": ZOOM, "content": [{"type": "image", "image": largest}]}])
+        factor = crops.factor
+        least = crops.fit(Image.new("RGB", (factor, factor)))  # a tool turn grows by one per visual token of its crop
+        most = crops.max_pixels // (factor * factor)  # the most visual tokens a crop fitted to the budget can have
+        turn = self.tool_turn_length([{"role": "tool", "name": ZOOM, "content": [{"type": "image", "image": least}]}])
+        turn += most - crops.tokens(least.height, least.width)
         limit = self.args.max_completion_length
         if turn >= limit:
-            raise SuzakError(f"tools: a zoom's tool turn takes up to {turn} tokens (a {largest.width}x{largest.height} "
-                             f"crop, {factory.budget.tokens(largest.height, largest.width)} visual tokens) and "
+            raise SuzakError(f"tools: a zoom's tool turn takes up to {turn} tokens (a crop of up to {most} visual tokens "
+                             f"at tool_max_pixels {crops.max_pixels}) and "
                              f"max_completion_length {limit} holds the whole multi-turn completion: raise "
                              f"max_completion_length well above {turn} or lower tool_max_pixels")  # fmt: skip
         if 2 * turn > limit:
@@ -245,8 +247,7 @@ class VLMGRPOTrainer(GRPOHooks):
             logger.warning("tools: %d of %d rows checked have no single image to zoom into; their zoom calls get a "
                            "tool error (counted as tools/zoom_no_image)", without, rows)  # fmt: skip
         logger.info("tools: zoom crops fitted to %d-%d pixels (at most %d visual tokens, a tool turn of at most %d "
-                    "tokens of max_completion_length %d)", factory.budget.min_pixels, factory.budget.max_pixels,
-                    factory.budget.tokens(largest.height, largest.width), turn, limit)  # fmt: skip
+                    "tokens of max_completion_length %d)", crops.min_pixels, crops.max_pixels, most, turn, limit)  # fmt: skip
 
     def batch_scored(self, inputs: list[dict[str, Any]]) -> None:
         """This batch's rows to the listeners, with image references gathered over ranks in TRL's rank order."""
