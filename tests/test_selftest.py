@@ -321,7 +321,7 @@ def test_grounding_selftest_scores_boxes_in_the_models_frame():
     x1, y1, x2, y2 = json.loads(row["solution"])
     resized = f'{{"bbox_2d": [{x1 // 4}, {y1 // 4}, {x2 // 4}, {y2 // 4}]}}'
     assert _score(config, [resized, row["solution"]], [framed, framed]) == [1.0, 0.0]
-    assert config.steps == 200 and config.spec.chance == 0.25
+    assert config.steps == 120 and config.spec.chance == 0.25 and config.spec.vllm_shape
 
 
 @pytest.mark.slow

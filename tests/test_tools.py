@@ -241,3 +241,19 @@ def test_zoom_recipe_trains_through_suzak_train(tmp_path, run_env):
         (log,) = [row for row in csv.DictReader(file) if row.get("reward")]
     assert log["tools/call_frequency"] and log["tools/zoom_out_of_range"]
     assert "<tool_call>" in (out / "chat_template.jinja").read_text()
+
+
+def test_zoom_checks_hide_the_colour_from_the_whole_view_and_show_it_in_a_crop():
+    """The zoom task's premise: fitted whole to 2x2 visual tokens every colour's square is the same grey (to within 2
+    of 255), while a crop of the square at the same budget is the checks themselves."""
+    from suzak.data.zoom import zoom_checks
+
+    budget = PixelBudget(3136, 3136, factor=28)
+    rows = {row["solution"]: row for row in zoom_checks(30, seed=0, slots=1)}
+    assert set(rows) == {"red", "green", "blue"}
+    views = [np.asarray(budget.fit(row["image"]), dtype=int) for row in rows.values()]
+    assert max(np.abs(a - b).max() for a in views for b in views) <= 2
+    crops = {name: np.asarray(budget.fit(row["image"].crop(tuple(row["question_boxes"][0]))), dtype=int)
+             for name, row in rows.items()}  # fmt: skip
+    assert crops["red"][0, 0].tolist() == [255, 0, 0] and crops["red"][0, 1].tolist() == [0, 255, 255]
+    assert min(np.abs(crops[a] - crops[b]).max() for a in crops for b in crops if a != b) == 255

@@ -278,3 +278,23 @@ def test_weights_dtype_keeps_fp32_master_weights(bf16, deepspeed, use_peft, expe
     assert _dtype(ModelConfig(model_name_or_path="x", use_peft=use_peft), args) == expected
     w = torch.tensor([0.02], dtype=torch.bfloat16)
     assert torch.equal(w + 1e-6, w)  # the reason: a bf16 weight cannot take a 1e-6 step
+
+
+def test_an_earlier_trainers_autocast_is_taken_off_the_model(tiny_model_dir, tmp_path):
+    """A model an earlier trainer ran in bf16 in this process (an SFT prior: TRL's SFTConfig turns bf16 on even on a
+    CPU) keeps accelerate's autocast wrapper on its forward; a GRPO run without bf16 takes it off, so the policy
+    scores in fp32 what colocated vLLM samples in fp32 (left on, they differed by up to 0.09 nats)."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    Accelerator(cpu=True, mixed_precision="bf16").prepare_model(model)  # what a bf16 SFTTrainer leaves
+    assert "_original_forward" in vars(model)
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=make_args(tmp_path), train_dataset=image_dataset(4),
+                   processing_class=processor, pixel_budget=BUDGET)  # fmt: skip
+    assert "_original_forward" not in vars(model)
+    fresh = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits)

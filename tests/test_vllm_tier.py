@@ -462,7 +462,8 @@ def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_env, tmp_path):
     record = zoom_rollouts(model_dir, tmp_path, vllm_env, vllm=True)
     check_zoom_rollouts(record)
     assert [gap[0] for gap in record["gaps"]] == [1, 2]
-    assert max(gap[1] for gap in record["gaps"]) < 0.01, record["gaps"]  # mean |gap| per check (tolerance 0.1)
+    # measured: mean 2e-7, max 2.1e-5 nats per token over 192 post-tool tokens (fp32 rounding, as single-turn runs)
+    assert max(gap[1] for gap in record["gaps"]) < 1e-5 and max(gap[2] for gap in record["gaps"]) < 1e-3, record["gaps"]
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------

@@ -38,7 +38,8 @@ def call_prior(model, processor, budget: PixelBudget, rows, steps: int, output_d
                     "completion": [{"role": "assistant", "content": "", "tool_calls": call}]})  # fmt: skip
     args = SFTConfig(output_dir=str(output_dir / "prior"), max_steps=steps, per_device_train_batch_size=4,
                      learning_rate=3e-3, lr_scheduler_type="constant", completion_only_loss=True, save_strategy="no",
-                     report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=steps)  # fmt: skip
+                     report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=steps, bf16=False,
+                     gradient_checkpointing=False)  # fmt: skip
     SFTTrainer(
         model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
     ).train()

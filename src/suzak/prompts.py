@@ -62,6 +62,8 @@ _REC_R1 = (
     "thinking process in <think> </think> tags and then output the final answer in <answer> </answer> tags. Output "
     "the final answer in JSON format."
 )
+# R1-V's training instruction for any short answer (a word, an option, a number), not only a count.
+_THINK = "{problem}  Output the thinking process in <think> </think> and final answer in <answer> </answer> tags."
 _GSM8K_HASH = (
     "{problem}\nSolve the problem step by step, then write the final answer as a number on its own last line "
     "in the form '#### <number>'."
@@ -76,6 +78,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("gsm8k", _GSM8K_HASH, "gsm8k_hash", "GSM8K: worked steps ending in '#### N'"),
         PromptTemplate("gsm8k_think", _R1V_TRAIN, "think_answer", "GSM8K with R1-V's <think>/<answer> tags"),
         PromptTemplate("plain", "{problem}", "plain", "the question alone; the answer is the bare value"),
+        PromptTemplate("think", _THINK, "think_answer", "R1-style <think>/<answer> for any short answer (zoom recipe)"),
         PromptTemplate("rec", _REC, "box", "grounding: the referred object's box in the model's frame"),
         PromptTemplate("rec_r1", _REC_R1, "think_answer", "grounding as VLM-R1 trains it: the box as JSON in <answer>"),
     )

@@ -62,7 +62,7 @@ def resolve_resume(train_args) -> str | None:
     return resume_checkpoint(train_args.resume_from_checkpoint, train_args.output_dir)
 
 
-SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic", "zoom_stripes")  # row i depends on (seed, start + i) alone
+SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic", "zoom_checks")  # row i depends on (seed, start + i) alone
 
 
 def build_datasets(suzak_args, train_args, budget):

@@ -31,7 +31,7 @@ from suzak.data.grounding import grounding_shapes
 from suzak.data.motion import moving_ball
 from suzak.data.refcoco import refcoco
 from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
-from suzak.data.zoom import zoom_stripes
+from suzak.data.zoom import zoom_checks
 from suzak.parsing import gold_answer
 from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
@@ -331,7 +331,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "gsm8k": gsm8k,
     "gsm8k_synthetic": gsm8k_synthetic,
     "grounding_shapes": grounding_shapes,
-    "zoom_stripes": zoom_stripes,
+    "zoom_checks": zoom_checks,
     "jsonl": jsonl,
     "moving_ball": moving_ball,
     "refcoco": refcoco,
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
                     "zoom": args.zoom}  # fmt: skip
     elif args.name in ("gsm8k_synthetic", "grounding_shapes"):
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start}
-    elif args.name == "zoom_stripes":
+    elif args.name == "zoom_checks":
         options |= {"num_rows": args.num_rows, "seed": args.seed}
     elif args.path:
         options["path"] = args.path
