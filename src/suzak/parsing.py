@@ -170,17 +170,32 @@ def content_text(content, image: str = "", video: str = "") -> str:
 
 def message_text(messages) -> str:
     """Plain text of a prompt or completion for people to read: a string, or chat messages, ``<image>`` for images
-    and ``<video>`` for a video.
+    and ``<video>`` for a video; a multi-turn completion shows each tool call and each tool's answer.
 
     >>> message_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}])
     '<image>How many?'
     >>> message_text([{"role": "assistant", "content": "<answer>3</answer>"}])
     '<answer>3</answer>'
+    >>> print(message_text([{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":
+    ...     {"name": "zoom", "arguments": {"bbox_2d": [1, 2, 30, 40]}}}]}, {"role": "tool", "name": "zoom",
+    ...     "content": [{"type": "image"}]}, {"role": "assistant", "content": "red"}]))
+    <tool_call>{"name": "zoom", "arguments": {"bbox_2d": [1, 2, 30, 40]}}</tool_call>
+    [zoom] <image>
+    red
     """
     if isinstance(messages, str):
         return messages
-    return "\n".join(content_text(m.get("content") if isinstance(m, dict) else m, image="<image>", video="<video>")
-                     for m in messages or [])  # fmt: skip
+    return "\n".join(_one_message_text(m) for m in messages or [])
+
+
+def _one_message_text(message) -> str:
+    if not isinstance(message, dict):
+        return content_text(message, image="<image>", video="<video>")
+    text = content_text(message.get("content"), image="<image>", video="<video>")
+    calls = [call.get("function", call) for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    shown = [json.dumps({"name": c.get("name"), "arguments": c.get("arguments")}, default=str) for c in calls]
+    text = "\n".join([text] * bool(text) + [f"<tool_call>{call}</tool_call>" for call in shown])
+    return f"[{message.get('name', 'tool')}] {text}" if message.get("role") == "tool" else text
 
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:
