@@ -84,3 +84,18 @@ def test_video_decode_bench_times_files_and_frame_lists(tmp_path, run_env):
     assert [r["source"] for r in rows] == ["mp4", "frames"]
     assert all(r["frames_read"] == 4 and r["tokens"] > 0 and r["ms_per_clip"] > 0 for r in rows)
     assert "| mp4 | 2 s 640x360 at 30 fps | 4 |" in out.stdout
+
+
+@pytest.mark.slow
+def test_tool_turn_bench_times_both_conditions(tmp_path, run_env):
+    """bench/bench_tool_turn.py: a row per condition; the tool turn's rollouts called and got crops back, the other's
+    called and got none."""
+    results = tmp_path / "tools.jsonl"
+    out = _run("bench_tool_turn.py", "--rollouts", "8", "--steps", "2", "--warmup", "0", "--results", str(results),
+               env=run_env)  # fmt: skip
+    rows = {r["condition"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert set(rows) == {"no_tool_turn", "tool_turn"} and all(r["s_per_step"] > 0 for r in rows.values())
+    assert rows["tool_turn"]["calls_per_rollout"] > 0.5 and rows["tool_turn"]["tool_tokens_per_rollout"] > 4
+    assert rows["tool_turn"]["zoom_ms_per_call"] > 0 and rows["no_tool_turn"]["zoom_ms_per_call"] == 0
+    assert rows["no_tool_turn"]["tool_tokens_per_rollout"] == 0 and rows["no_tool_turn"]["overhead"] == 0
+    assert "| tool_turn | 8 |" in out.stdout

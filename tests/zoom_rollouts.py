@@ -10,39 +10,17 @@ import json
 import sys
 from pathlib import Path
 
-import datasets
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
-from transformers.utils import get_json_schema
-from trl import GRPOConfig, SFTConfig, SFTTrainer
+from trl import GRPOConfig
 
-from suzak.boxes import model_answer, with_box_frame
-from suzak.models.tool_calling import prepare_tool_calling, tools_system_message
+from suzak.models.tool_calling import prepare_tool_calling
 from suzak.rewards import word_match
-from suzak.selftest import zoom_dataset
+from suzak.selftest import zoom_call_prior, zoom_dataset
 from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_tools
 from suzak.trainer import VLMGRPOTrainer
 from suzak.trl_internals import SamplerGuard
 from suzak.vision import PixelBudget, configure_processor
-
-
-def call_prior(model, processor, budget: PixelBudget, rows, steps: int, output_dir: Path) -> None:
-    """SFT steps that teach the model the zoom call on each question's box, in its family's frame and call form."""
-    system = tools_system_message(processor, [get_json_schema(ZoomEnvironment(budget).zoom)])
-    sft = []
-    for row in rows:
-        framed = with_box_frame(row, model.config.model_type, budget)
-        box = json.loads(model_answer({**framed, "solution": json.dumps(row["question_boxes"][0])}))["bbox_2d"]
-        call = [{"type": "function", "function": {"name": "zoom", "arguments": {"bbox_2d": box}}}]
-        sft.append({"prompt": [system, *framed["prompt"]], "image": row["image"],
-                    "completion": [{"role": "assistant", "content": "", "tool_calls": call}]})  # fmt: skip
-    args = SFTConfig(output_dir=str(output_dir / "prior"), max_steps=steps, per_device_train_batch_size=4,
-                     learning_rate=3e-3, lr_scheduler_type="constant", completion_only_loss=True, save_strategy="no",
-                     report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=steps, bf16=False,
-                     gradient_checkpointing=False)  # fmt: skip
-    SFTTrainer(
-        model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
-    ).train()
 
 
 def main(model_dir: str, output: str, vllm: bool) -> None:
@@ -55,7 +33,7 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
     # the checkpoint processor's bounds, 3136 pixels and up)
     configure_processor(processor, budget)
     factor = budget.factor
-    call_prior(model, processor, budget, list(zoom_dataset(64, 1, "grey", factor, slots=1)), 80, out)
+    zoom_call_prior(model, processor, budget, list(zoom_dataset(64, 1, "grey", factor, slots=1)), 80, out)
     settings = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 1024} if vllm else {}
     args = GRPOConfig(output_dir=str(out / "grpo"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=160, max_tool_calling_iterations=1, temperature=0.5, learning_rate=1e-4,

@@ -280,6 +280,38 @@ def zoom_dataset(num_rows: int, seed: int, images: str = "aligned", factor: int 
     return zoom_checks(num_rows, seed=seed, images=images, side=8 * factor, slots=slots)
 
 
+def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], steps: int, output_dir: Path) -> None:
+    """SFT steps (TRL's SFTTrainer, fp32) that teach ``model`` the zoom call on each row's question box, in its
+    family's frame and call form: a pretrained model's habit of calling a tool it is offered, nothing about the
+    answer. The prompt carries the tools' system turn as a plain message (TRL's SFT collator for VL models passes no
+    ``tools``; :func:`suzak.models.tool_calling.tools_system_message` renders the same tokens)."""
+    import json
+
+    import datasets
+    from transformers.utils import get_json_schema
+    from trl import SFTConfig, SFTTrainer
+
+    from suzak.boxes import model_answer, with_box_frame
+    from suzak.models.tool_calling import tools_system_message
+    from suzak.tools import ZoomEnvironment
+
+    system = tools_system_message(processor, [get_json_schema(ZoomEnvironment(budget).zoom)])
+    sft = []
+    for row in rows:
+        framed = with_box_frame(row, model.config.model_type, budget)
+        box = json.loads(model_answer({**framed, "solution": json.dumps(row["question_boxes"][0])}))["bbox_2d"]
+        call = [{"type": "function", "function": {"name": "zoom", "arguments": {"bbox_2d": box}}}]
+        sft.append({"prompt": [system, *framed["prompt"]], "image": row["image"],
+                    "completion": [{"role": "assistant", "content": "", "tool_calls": call}]})  # fmt: skip
+    args = SFTConfig(output_dir=str(output_dir / "prior"), max_steps=steps, per_device_train_batch_size=4,
+                     learning_rate=3e-3, lr_scheduler_type="constant", completion_only_loss=True, save_strategy="no",
+                     report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=steps, bf16=False,
+                     gradient_checkpointing=False)  # fmt: skip
+    SFTTrainer(
+        model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
+    ).train()
+
+
 def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,
                      size: tuple[int, int] | None = None):  # fmt: skip
     """Rows {prompt, image, solution}: CLEVR scenes of 1-3 large objects, "How many ...?" and the bare count, drawn
