@@ -284,17 +284,22 @@ def test_an_earlier_trainers_autocast_is_taken_off_the_model(tiny_model_dir, tmp
     """A model an earlier trainer ran in bf16 in this process (an SFT prior: TRL's SFTConfig turns bf16 on even on a
     CPU) keeps accelerate's autocast wrapper on its forward; a GRPO run without bf16 takes it off, so the policy
     scores in fp32 what colocated vLLM samples in fp32 (left on, they differed by up to 0.09 nats)."""
-    from accelerate import Accelerator
     from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import SFTConfig, SFTTrainer
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
-    Accelerator(cpu=True, mixed_precision="bf16").prepare_model(model)  # what a bf16 SFTTrainer leaves
-    assert "_original_forward" in vars(model)
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    rows = [
+        {"prompt": [{"role": "user", "content": "How many?"}], "completion": [{"role": "assistant", "content": "3"}]}
+    ]
+    sft = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=1, use_cpu=True,
+                    report_to="none", save_strategy="no", disable_tqdm=True)  # fmt: skip
+    assert sft.bf16  # TRL's default, even on a CPU
+    SFTTrainer(model=model, args=sft, train_dataset=Dataset.from_list(rows * 2), processing_class=processor).train()
+    assert "_original_forward" in vars(model)
     VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=make_args(tmp_path), train_dataset=image_dataset(4),
                    processing_class=processor, pixel_budget=BUDGET)  # fmt: skip
     assert "_original_forward" not in vars(model)
-    fresh = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
-    with torch.no_grad():
-        assert torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits)
+    with torch.no_grad():  # the forward the model's own class defines, in fp32
+        assert torch.equal(model(input_ids=ids).logits, type(model).forward(model, input_ids=ids).logits)
