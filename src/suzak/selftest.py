@@ -764,7 +764,7 @@ def _schedules() -> str:
     """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 150, counting 300, video 150, grounding 200; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    'color 150, counting 300, video 150, grounding 120; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
