@@ -131,3 +131,6 @@ def test_precheck_reports_and_warns(tiny_processor, caplog):
     report = precheck(rows, tiny_processor, budget, max_completion_length=256, context_length=500)
     assert report["too_long"] == [1]
     assert "exceed the model's context" in caplog.text
+    assert report["not_one_image"] == 0  # what a zoom cannot crop: rows with no image or several
+    two = {"prompt": build_conversation("Which is larger?", 2), "images": [rows[0]["image"], rows[1]["image"]]}
+    assert precheck([*rows, two], tiny_processor, budget)["not_one_image"] == 1

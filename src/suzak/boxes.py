@@ -47,6 +47,7 @@ __all__ = [
     "BoxFrame",
     "FrameSpec",
     "box_iou",
+    "box_numbers",
     "box_problem",
     "match_f1",
     "model_answer",
@@ -312,6 +313,19 @@ def to_pixels(box: Sequence[float], frame: str, width: int, height: int) -> Box:
     raise SuzakError(f"unknown box frame {frame!r}: {', '.join(DATASET_FRAMES)}")
 
 
+def box_numbers(box: Any) -> Box | None:
+    """``box`` as four floats when it is a list or tuple of 4 finite numbers (not booleans), else None.
+
+    >>> box_numbers([1, 2, 3.5, 4]), box_numbers([1, 2, 3]), box_numbers(["a", 2, 3, 4]), box_numbers("1234")
+    ((1.0, 2.0, 3.5, 4.0), None, None, None)
+    """
+    if not isinstance(box, list | tuple) or len(box) != 4:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in box):
+        return None
+    return tuple(float(v) for v in box)  # type: ignore[return-value]
+
+
 def box_problem(box: Any, width: int, height: int) -> str:
     """Why ``box`` is not an original-pixel box of a ``width`` x ``height`` image ('' when it is one).
 
@@ -322,7 +336,7 @@ def box_problem(box: Any, width: int, height: int) -> str:
         return f"a box is a list of 4 numbers [x1, y1, x2, y2], got {box!r:.60}"
     if len(box) != 4:
         return f"a box needs 4 numbers, got {len(box)}"
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in box):
+    if box_numbers(box) is None:
         return f"a box needs 4 finite numbers, got {list(box)!r:.80}"
     x1, y1, x2, y2 = box
     for name, value, size, side in (("x1", x1, width, "width"), ("y1", y1, height, "height"),

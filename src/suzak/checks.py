@@ -211,7 +211,8 @@ def precheck(
 
     Prompt length = text tokens of the chat-templated prompt (one placeholder per image or video) + visual tokens (a
     video's: its clip read to ``video_budget``, as training reads it). Returns ``{"rows", "visual_tokens": {min,
-    mean, max}, "video_tokens": {...}, "prompt_tokens": {...}, "too_long"}``. A video prompt that cannot fit the
+    mean, max}, "video_tokens": {...}, "prompt_tokens": {...}, "too_long", "not_one_image"}`` (rows with no image or
+    several: what a zoom cannot crop). A video prompt that cannot fit the
     model's context with ``max_completion_length`` stops the run (one line naming the row): lower the video budget.
     """
     budget = budget.for_model(processing_class)  # the visual tokens of this model's patch grid
@@ -219,9 +220,11 @@ def precheck(
     n = len(dataset) if num_rows is None else min(num_rows, len(dataset))
     videos = (video_budget or VideoBudget()).for_model(processing_class)
     visual, video_tokens, prompt_lengths, too_long = [], [], [], []
+    not_one_image = 0
     for index in range(n):
         row = dataset[index]
         images = images_of(row)
+        not_one_image += len(images) != 1
         text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
         length = prompt_tokens(tokenizer, text, images, budget)
         visual.append(sum(budget.tokens(img.height, img.width) for img in images))
@@ -243,6 +246,7 @@ def precheck(
         "video_tokens": _summary(video_tokens),
         "prompt_tokens": _summary(prompt_lengths),
         "too_long": too_long,
+        "not_one_image": not_one_image,
     }
     logger.info(
         "pre-check over %d rows: visual tokens/prompt min %d mean %.1f max %d; prompt tokens min %d mean %.1f max %d",

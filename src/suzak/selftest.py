@@ -172,7 +172,7 @@ TASKS: dict[str, TaskSpec] = {
         image_scale=4,
         beta=0.3,
         vllm_shape=True,
-    ),
+    ),  # fmt: skip
 }
 GROUNDING_GRID = 2  # cells per side of the grounding task's images
 GROUNDING_THRESHOLD = 0.75  # rec_accuracy's IoU threshold in the grounding task (see the module's docstring)

@@ -40,7 +40,6 @@ import importlib
 import inspect
 import logging
 import math
-import numbers
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +48,7 @@ from typing import Any
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame
+from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame, box_numbers
 from suzak.vision import PixelBudget
 
 __all__ = [
@@ -116,7 +115,7 @@ class ZoomEnvironment:
         self.calls += 1
         if self._image is None or self._frame is None:
             self._fail("no_image", "this question has no single image to zoom into")
-        box = _four_numbers(bbox_2d)
+        box = box_numbers(bbox_2d)
         if box is None:
             self._fail("unparsable", f"bbox_2d must be four numbers [x1, y1, x2, y2], got {_shown(bbox_2d)}")
         if not self._frame.in_frame(box):
@@ -149,13 +148,6 @@ class ZoomEnvironment:
         raise ToolError(f"{ZOOM}: {message}")
 
 
-def _four_numbers(value: Any) -> tuple[float, float, float, float] | None:
-    if isinstance(value, (list, tuple)) and len(value) == 4:
-        if all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in value):
-            return tuple(float(v) for v in value)  # type: ignore[return-value]
-    return None
-
-
 def _shown(value: Any) -> str:
     text = repr(value) if not isinstance(value, list) else "[" + ", ".join(str(v) for v in value) + "]"
     return text if len(text) <= 60 else text[:57] + "..."
@@ -174,13 +166,6 @@ class ToolSet:
     names: list[str] = field(default_factory=list)
     tools: list[Callable] = field(default_factory=list)
     environment_factory: Callable[[], Any] | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self.names)
-
-    @property
-    def zooms(self) -> bool:
-        return ZOOM in self.names
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """``tools`` and ``environment_factory`` for ``GRPOTrainer`` (nothing when the run has no tools)."""

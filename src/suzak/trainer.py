@@ -216,9 +216,9 @@ class VLMGRPOTrainer(GRPOHooks):
         zooms = [e for e in environments if isinstance(e, ZoomEnvironment)]
         return {f"{ZOOM}_{reason}": sum(e.problems[reason] for e in zooms) for reason in ZOOM_PROBLEMS}
 
-    def check_tool_turns(self, dataset) -> None:
+    def check_tool_turns(self) -> None:
         """With the zoom: the largest crop's tool turn must fit max_completion_length with room for an answer (TRL
-        silently drops a tool result that does not fit); rows without one image to zoom into are counted."""
+        silently drops a tool result that does not fit)."""
         factory = self.zoom_factory
         if factory is None:
             return
@@ -241,13 +241,21 @@ class VLMGRPOTrainer(GRPOHooks):
         if 2 * turn > limit:
             logger.warning("tools: a zoom's tool turn takes up to %d of max_completion_length %d tokens, which also "
                            "hold the calls and the answer; a tool result that does not fit is dropped", turn, limit)  # fmt: skip
-        rows = min(len(dataset), self.precheck_rows or len(dataset))
-        without = sum(len(images_of(dataset[i])) != 1 for i in range(rows))
-        if without:
-            logger.warning("tools: %d of %d rows checked have no single image to zoom into; their zoom calls get a "
-                           "tool error (counted as tools/zoom_no_image)", without, rows)  # fmt: skip
         logger.info("tools: zoom crops fitted to %d-%d pixels (at most %d visual tokens, a tool turn of at most %d "
                     "tokens of max_completion_length %d)", crops.min_pixels, crops.max_pixels, most, turn, limit)  # fmt: skip
+
+    def count_rows_without_one_image(self) -> None:
+        """With the zoom: the rows the visual-token pre-check read that have no single image to zoom into, in one
+        warning (a dataset without images, where the pre-check does not run: every row)."""
+        if self.zoom_factory is None:
+            return
+        report = self.precheck_report
+        if report is None:
+            logger.warning("tools: the dataset has no images, so every zoom call gets a tool error (counted as "
+                           "tools/zoom_no_image)")  # fmt: skip
+        elif report["not_one_image"]:
+            logger.warning("tools: %d of %d rows checked have no single image to zoom into; their zoom calls get a "
+                           "tool error (counted as tools/zoom_no_image)", report["not_one_image"], report["rows"])  # fmt: skip
 
     def batch_scored(self, inputs: list[dict[str, Any]]) -> None:
         """This batch's rows to the listeners, with image references gathered over ranks in TRL's rank order."""
@@ -311,7 +319,7 @@ class VLMGRPOTrainer(GRPOHooks):
             if self.args.vllm_tensor_parallel_size > 1:
                 raise SuzakError("use_vllm with video rows runs with vllm_tensor_parallel_size 1 (each rank's vLLM "
                                  f"gets its own rows' videos), got {self.args.vllm_tensor_parallel_size}")  # fmt: skip
-        self.check_tool_turns(dataset)
+        self.check_tool_turns()
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:
@@ -334,3 +342,4 @@ class VLMGRPOTrainer(GRPOHooks):
                 num_rows=self.precheck_rows,
                 video_budget=self.video_budget,
             )
+        self.count_rows_without_one_image()
