@@ -349,3 +349,32 @@ def test_tool_loop_internals_the_zoom_relies_on():
     assert "self._generate_single_turn(" in loop  # tool turns reach vLLM through suzak's placeholder collapse
     assert tool_call_parser("json") is chat_template_utils.qwen3_template
     assert tool_call_parser("xml") is chat_template_utils.qwen3_5_template
+
+
+def test_the_tool_loop_steps_the_eval_repeats():
+    """suzak.eval.tool_loop runs training's tool loop outside the trainer (suzak.trl_internals.parse_turn,
+    environment_tools, tool_message): TRL parses each turn with ``parse_response`` and the tools it was rendered with,
+    offers an environment's public functions but reset and get_reward, and appends a list result as it is, anything
+    else (a failed call's ``{"error": ...}`` too) as its str."""
+    from trl.chat_template_utils import parse_response
+
+    from suzak.trl_internals import environment_tools, tool_message
+
+    assert _params(parse_response)[:4] == ["tokenizer", "ids", "prefix", "tools"]
+    loop = inspect.getsource(GRPOTrainer._tool_call_loop)
+    assert "self._tokenizer, ids, prefix=prompt_completion_tool_ids[idx], tools=per_prompt_tools[idx]" in loop
+    assert 'result = {"error": str(e)}' in loop
+    assert "content = result if isinstance(result, list) else str(result)" in loop
+    assert 'raise ValueError(f"Tool {name} not found.")' in loop
+    batch = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert 'if member_name not in ("reset", "get_reward") and not member_name.startswith("_")' in batch
+
+    class Environment:
+        def reset(self, **row): ...
+        def get_reward(self): ...
+        def _helper(self): ...
+        def zoom(self, bbox_2d: list[int]) -> str: ...
+        def look(self, query: str) -> str: ...
+
+    assert [tool.__name__ for tool in environment_tools(Environment())] == ["look", "zoom"]
+    assert tool_message("zoom", [{"type": "text", "text": "x"}])["content"] == [{"type": "text", "text": "x"}]

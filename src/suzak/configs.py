@@ -415,13 +415,10 @@ def _parse(config_class, argv: list[str] | None):
 
 def _check_tools(suzak_args: SuzakArguments, config) -> None:
     """The tool settings against the pixel budget and the completion length, before the model loads."""
-    crop = suzak_args.tool_max_pixels
-    if crop is not None and not suzak_args.min_pixels <= crop <= suzak_args.max_pixels:
-        raise SuzakError(f"tool_max_pixels {crop} must lie between min_pixels {suzak_args.min_pixels} and max_pixels "
-                         f"{suzak_args.max_pixels} (processors and vLLM take every image within those bounds)")  # fmt: skip
-    cap = suzak_args.tool_max_visual_tokens
-    if cap is not None and cap < 1:
-        raise SuzakError(f"tool_max_visual_tokens must be at least 1, got {cap}")
+    from suzak.tools import check_tool_settings
+
+    crop, cap = suzak_args.tool_max_pixels, suzak_args.tool_max_visual_tokens
+    check_tool_settings(suzak_args.min_pixels, suzak_args.max_pixels, crop, cap)
     if not suzak_args.tools and (crop is not None or cap is not None):
         logger.warning("tool_max_pixels / tool_max_visual_tokens are set but tools is empty: they do nothing")
     if suzak_args.tools and getattr(config, "max_tool_calling_iterations", 0) is None:

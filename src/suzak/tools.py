@@ -49,7 +49,7 @@ from PIL import Image
 
 from suzak import SuzakError
 from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame, box_numbers
-from suzak.vision import PixelBudget
+from suzak.vision import PixelBudget, images_of
 
 __all__ = [
     "ORIGINAL_IMAGE_COLUMN",
@@ -59,7 +59,9 @@ __all__ = [
     "ToolSet",
     "ZoomEnvironment",
     "ZoomFactory",
+    "check_tool_settings",
     "resolve_tools",
+    "with_original_image",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,19 @@ ZOOM = "zoom"
 ORIGINAL_IMAGE_COLUMN = "original_image"
 # Why a zoom call failed, the keys of ZoomEnvironment.problems (logged as tools/zoom_<reason> per step).
 ZOOM_PROBLEMS = ("unparsable", "out_of_range", "too_small", "budget", "no_image")
+
+
+def with_original_image(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with :data:`ORIGINAL_IMAGE_COLUMN`: its one image before the budget fits it (what a zoom crops), None
+    for a row with none or several. Training's rows and the evaluation's get it alike (the trainer's
+    ``with_original_image`` and :mod:`suzak.eval.tool_loop`).
+
+    >>> row = with_original_image({"image": Image.new("RGB", (640, 480))})
+    >>> row[ORIGINAL_IMAGE_COLUMN].size, with_original_image({"prompt": "text"})[ORIGINAL_IMAGE_COLUMN]
+    ((640, 480), None)
+    """
+    images = images_of(row)
+    return {**row, ORIGINAL_IMAGE_COLUMN: images[0] if len(images) == 1 else None}
 
 
 class ToolError(ValueError):
@@ -213,6 +228,30 @@ def resolve_tools(
             toolset.tools.append(factory)
         toolset.names.append(name)
     return toolset
+
+
+def check_tool_settings(
+    min_pixels: int,
+    max_pixels: int,
+    tool_max_pixels: int | None,
+    tool_max_visual_tokens: int | None,
+    max_tool_calling_iterations: int | None = None,
+) -> None:
+    """The tool settings against the pixel budget, before a model loads (training's recipe and the evaluation's
+    flags alike); each bad value is one line naming its setting.
+
+    >>> check_tool_settings(3136, 50176, 1000, None)
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: tool_max_pixels 1000 must lie between min_pixels 3136 and max_pixels 50176 (processors and vLLM take every image within those bounds)
+    """
+    if tool_max_pixels is not None and not min_pixels <= tool_max_pixels <= max_pixels:
+        raise SuzakError(f"tool_max_pixels {tool_max_pixels} must lie between min_pixels {min_pixels} and max_pixels "
+                         f"{max_pixels} (processors and vLLM take every image within those bounds)")  # fmt: skip
+    if tool_max_visual_tokens is not None and tool_max_visual_tokens < 1:
+        raise SuzakError(f"tool_max_visual_tokens must be at least 1, got {tool_max_visual_tokens}")
+    if max_tool_calling_iterations is not None and max_tool_calling_iterations < 0:
+        raise SuzakError(f"max_tool_calling_iterations must be at least 0, got {max_tool_calling_iterations}")
 
 
 @dataclass(frozen=True)

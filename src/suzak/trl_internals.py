@@ -35,6 +35,10 @@ by name, instead of somewhere in a training run:
 - :func:`tool_call_parser`: TRL's response templates for Qwen's two tool-call forms (``trl.chat_template_utils``'s
   ``qwen3_template``, the ``<tool_call>`` JSON form, and ``qwen3_5_template``, the XML form), which
   ``tokenizer.parse_response`` reads the model's calls with;
+- :func:`parse_turn`, :func:`environment_tools` and :func:`tool_message`: how ``GRPOTrainer._tool_call_loop`` reads a
+  turn (``trl.chat_template_utils.parse_response``), which of an environment's methods it offers as tools, and the
+  tool turn it appends for a result or a failed call (``{"error": ...}``), for the evaluation's tool loop
+  (:mod:`suzak.eval.tool_loop`) to run the same loop outside the trainer;
 - :func:`colocated_vllm_on_cpu` / :func:`keep_vllm_cpu_weights_live`: vLLM's own internals, on its CPU platform
   only: the unquantized linear and embedding layers keep computing from the weights TRL's weight sync writes into
   (vLLM packs a copy at load, ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), and TRL's
@@ -80,14 +84,17 @@ __all__ = [
     "StaleSampler",
     "colocated_vllm_on_cpu",
     "drop_earlier_autocast",
+    "environment_tools",
     "completion_rows",
     "feeding_videos",
     "forget_vision_features_on_sync",
     "keep_adapters_fp32",
     "keep_vllm_cpu_weights_live",
+    "parse_turn",
     "reward_call_kwargs",
     "sampling_logps",
     "tool_call_parser",
+    "tool_message",
     "vllm_requests_with_videos",
 ]
 
@@ -378,6 +385,38 @@ def tool_call_parser(form: str) -> dict:
     from trl import chat_template_utils
 
     return {"json": chat_template_utils.qwen3_template, "xml": chat_template_utils.qwen3_5_template}[form]
+
+
+def parse_turn(tokenizer: Any, ids: list[int], prefix: list[int], tools: list) -> dict:
+    """One generated turn as the assistant message TRL's tool loop reads it (``content``, ``tool_calls``): its ids
+    parsed by ``parse_response`` with the tokenizer's response template, after the prompt ids ``prefix``, the
+    arguments typed by ``tools``' schemas (an unparsable call falls back to plain text, as in training)."""
+    from trl.chat_template_utils import parse_response
+
+    if not ids:
+        return {"role": "assistant", "content": ""}
+    return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
+
+
+def environment_tools(environment: Any) -> list[Callable]:
+    """The methods of ``environment`` that TRL offers the policy as tools: its class's public functions but ``reset``
+    and ``get_reward``, in name order (``GRPOTrainer``'s rule, per rollout)."""
+    import inspect
+
+    return [getattr(environment, name) for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")]  # fmt: skip
+
+
+def tool_message(name: str, result: Any = None, error: Exception | str | None = None) -> dict:
+    """The tool turn TRL appends for a call: a list of content blocks (an image crop) as it is, anything else as its
+    ``str``; a failed call as ``str({"error": ...})``, the text the policy reads in training.
+
+    >>> tool_message("zoom", error=ValueError("zoom: no image"))
+    {'role': 'tool', 'name': 'zoom', 'content': "{'error': 'zoom: no image'}"}
+    """
+    if error is not None:
+        result = {"error": str(error)}
+    return {"role": "tool", "name": name, "content": result if isinstance(result, list) else str(result)}
 
 
 def forget_vision_features_on_sync(generation, main_process: bool) -> None:
