@@ -94,10 +94,11 @@ class _BatchedEngine(abc.ABC):
         if opening_in_completion:
             logger.info("completions are scored after the chat template's opening %r", self.opening)
 
-    def prompt_text(self, row: dict) -> str:
-        """The chat-templated prompt (one placeholder per image), ready for generation."""
+    def prompt_text(self, row: dict, tools: list | None = None) -> str:
+        """The chat-templated prompt (one placeholder per image), ready for generation; with ``tools`` (callables or
+        schemas) the template's tool system turn too, as TRL renders a prompt in a run with tools."""
         return self.processing_class.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True,
-                                                         **self.chat_template_kwargs)  # fmt: skip
+                                                         tools=tools or None, **self.chat_template_kwargs)  # fmt: skip
 
     def use_video_budget(self, budget: VideoBudget) -> None:
         """Read every row's video to ``budget`` (training's), with this model's factor."""
@@ -148,6 +149,13 @@ class _BatchedEngine(abc.ABC):
     def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
         """Completions for one batch (``prompts``: the rows' rendered prompt texts), in the batch's order."""
 
+    @abc.abstractmethod
+    def generate_ids(
+        self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None
+    ) -> list[list[int]]:
+        """The completion token ids of one batch (up to and including the end-of-turn token), in the batch's order:
+        what the tool loop parses calls from (:mod:`suzak.eval.tool_loop`), as TRL parses the policy's ids."""
+
 
 def _sampling_kwargs(temperature: float) -> dict:
     """Greedy, or plain temperature sampling (top-p 1, no top-k, as TRL samples in training).
@@ -187,8 +195,14 @@ class HFEngine(_BatchedEngine):
             torch.manual_seed(seed)  # once per call: a run's samples depend on its seed and its batches
         return super().generate(rows, temperature, seed, on_batch)
 
-    @torch.inference_mode()
     def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
+        ids = self.generate_ids(rows, prompts, temperature, seed)
+        return _tokenizer(self.processing_class).batch_decode(ids, skip_special_tokens=True)
+
+    @torch.inference_mode()
+    def generate_ids(
+        self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None
+    ) -> list[list[int]]:
         inputs = self.encode(rows, prompts).to(self.model.device)
         for key in ("pixel_values", "pixel_values_videos"):
             if key in inputs:
@@ -202,7 +216,26 @@ class HFEngine(_BatchedEngine):
             **_sampling_kwargs(temperature),
         )
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]  # (B, new): left padding puts every prompt end here
-        return _tokenizer(self.processing_class).batch_decode(new_tokens, skip_special_tokens=True)
+        return [_until_end(ids, self._end_ids, self.pad_token_id) for ids in new_tokens.tolist()]
+
+    @property
+    def _end_ids(self) -> set[int]:
+        end = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        return set(end) if isinstance(end, list) else {end} - {None}
+
+
+def _until_end(ids: list[int], end_ids: set[int], pad_id: int | None) -> list[int]:
+    """A generated row up to and including its first end token (what follows is padding), as TRL keeps it.
+
+    >>> _until_end([5, 6, 2, 0, 0], {2}, 0), _until_end([5, 6, 0, 0], set(), 0), _until_end([5, 6], {2}, 0)
+    ([5, 6, 2], [5, 6], [5, 6])
+    """
+    end = next((i for i, token in enumerate(ids) if token in end_ids), None)
+    if end is not None:
+        return ids[: end + 1]
+    while ids and ids[-1] == pad_id:
+        ids = ids[:-1]
+    return ids
 
 
 def import_vllm():
@@ -314,7 +347,15 @@ class VLLMEngine(_BatchedEngine):
             skip_special_tokens=True,
         )
 
-    def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
+    def _outputs(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[Any]:
         requests = [self.request(row, prompt) for row, prompt in zip(rows, prompts, strict=True)]
         results = self.llm.generate(requests, self.sampling_params(temperature, seed), use_tqdm=False)
-        return [result.outputs[0].text for result in results]
+        return [result.outputs[0] for result in results]
+
+    def _generate_batch(self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None) -> list[str]:
+        return [output.text for output in self._outputs(rows, prompts, temperature, seed)]
+
+    def generate_ids(
+        self, rows: list[dict], prompts: list[str], temperature: float, seed: int | None
+    ) -> list[list[int]]:
+        return [list(output.token_ids) for output in self._outputs(rows, prompts, temperature, seed)]

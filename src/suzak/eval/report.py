@@ -36,6 +36,7 @@ __all__ = [
     "references_for",
     "rule_flag",
     "scoring_note",
+    "tool_lines",
     "write_results",
 ]
 
@@ -209,9 +210,36 @@ def markdown_summary(task: str, model: str, greedy: RunResult, sampled: list[Run
         spreads = [mean_std([r.by_rule()[rule][0] for r in sampled if rule in r.by_rule()]) for rule in rules]
         cells = "".join(f" {mean:.2f} ± {std:.2f} (mean ± std) | |" for mean, std in spreads)
         lines.append(f"| sampled, {len(sampled)} seed(s) |{cells} |")
+    lines += tool_lines([greedy, *sampled])
     lines += ["", scoring_note(rules, task), "", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
     r1v = greedy.by_rule().get("r1v")
     return "\n".join(lines + reference_lines({task: r1v[0] if r1v else None})) + "\n"
+
+
+def tool_lines(runs: list[RunResult]) -> list[str]:
+    """A table of each pass's tool calls (runs with ``--tools``; none otherwise): calls per row, rows with a call,
+    failed calls by reason.
+
+    >>> run = RunResult("r.json", 50.0, 1, 2, extra={"tools": {"tool_calls_per_row": 1.5, "rows_with_calls": 2,
+    ...     "tool_calls": 3, "failed_calls": {"too_small": 1}}})
+    >>> print("\\n".join(tool_lines([run])))
+    <BLANKLINE>
+    | run | tool calls per row | rows with a call | failed calls |
+    |---|---|---|---|
+    | greedy | 1.50 | 2 / 2 | 1 (too_small 1) |
+    """
+    shown = [run for run in runs if "tools" in run.extra]
+    if not shown:
+        return []
+    lines = ["", "| run | tool calls per row | rows with a call | failed calls |", "|---|---|---|---|"]
+    for run in shown:
+        counts = run.extra["tools"]
+        failed = counts["failed_calls"]
+        reasons = f" ({', '.join(f'{k} {v}' for k, v in failed.items())})" if failed else ""
+        name = "greedy" if run.seed is None else f"seed {run.seed}, T={run.temperature:g}"
+        lines.append(f"| {name} | {counts['tool_calls_per_row']:.2f} | {counts['rows_with_calls']} / {run.total} | "
+                     f"{sum(failed.values())}{reasons} |")  # fmt: skip
+    return lines
 
 
 def draw_boxes(path: Path, images: list, results: list[dict], size: int = 256) -> Path:

@@ -40,6 +40,8 @@ from suzak.eval.tasks import (
     resolve_template,
     score_rules,
 )
+from suzak.eval.tool_loop import ToolLoop, crops_per_prompt, tool_counts
+from suzak.tools import check_tool_settings, resolve_tools
 from suzak.video import VideoBudgetArguments
 from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
 
@@ -129,6 +131,18 @@ class EvalConfig(VideoBudgetArguments):
                 "thinking mode), as a training run with opening_in_completion: true rewards it"})  # fmt: skip
     chat_template_kwargs: dict | str | None = field(default=None, metadata={
         "help": "keyword arguments of the chat template, as training's (JSON), e.g. '{\"enable_thinking\": false}'"})  # fmt: skip
+    tools: list[str] = field(default_factory=list, metadata={
+        "help": "tools the model may call while answering, as in training (docs/tools.md): zoom (built in) or dotted "
+                "paths to a tool function or an environment class; each question is answered in turns and the last "
+                "turn is scored, max_new_tokens holding all turns"})  # fmt: skip
+    tool_max_pixels: int | None = field(default=None, metadata={
+        "help": "pixel budget upper bound of each zoom crop (default: max_pixels; between min_pixels and max_pixels)"})  # fmt: skip
+    tool_max_visual_tokens: int | None = field(default=None, metadata={
+        "help": "visual tokens all zoom crops of one answer may show; a zoom past it is a tool error the model reads "
+                "(default: no cap beyond max_new_tokens)"})  # fmt: skip
+    max_tool_calling_iterations: int | None = field(default=None, metadata={
+        "help": "tool rounds per answer, as training's (default: until a turn calls nothing or max_new_tokens is "
+                "used)"})  # fmt: skip
 
     def __post_init__(self):
         if isinstance(self.chat_template_kwargs, str):
@@ -160,6 +174,26 @@ class EvalConfig(VideoBudgetArguments):
             self.video_budget()
         except ValueError as error:
             raise SuzakError(f"video budget: {error} (the --video_* flags)") from None
+        self._check_tools()
+
+    def _check_tools(self) -> None:
+        """The tool flags, as training checks its recipe's (:func:`suzak.tools.check_tool_settings`), and the tools'
+        names (each imports), before any model loads."""
+        budget = default_budget(self)
+        try:
+            check_tool_settings(budget.min_pixels, budget.max_pixels, self.tool_max_pixels,
+                                self.tool_max_visual_tokens, self.max_tool_calling_iterations)  # fmt: skip
+        except SuzakError as error:
+            raise SuzakError(f"--{error}") from None
+        try:  # the names only: any patch factor will do here, the model's binds the zoom once the engine has loaded
+            resolve_tools(self.tools, replace(budget, factor=28))
+        except SuzakError as error:
+            message = str(error)
+            raise SuzakError(f"--{message}" if message.startswith("tools: ") else f"--tools: {message}") from None
+        if not self.tools and (self.tool_max_pixels, self.tool_max_visual_tokens,
+                               self.max_tool_calling_iterations) != (None, None, None):  # fmt: skip
+            raise SuzakError("--tool_max_pixels/--tool_max_visual_tokens/--max_tool_calling_iterations are set but "
+                             "--tools is empty: name the tools (e.g. --tools zoom)")  # fmt: skip
 
 
 @dataclass
@@ -213,14 +247,15 @@ class PartialStore:
     def files(self) -> list[Path]:
         return sorted(self.output_path.parent.glob(self.output_path.name + ".partial*.jsonl"))
 
-    def load(self) -> dict[str, str]:
-        """``{item key: output}`` from every rank's file of an earlier, interrupted run with the same settings."""
-        done: dict[str, str] = {}
+    def load(self) -> dict[str, str | dict]:
+        """``{item key: output}`` from every rank's file of an earlier, interrupted run with the same settings (an
+        answer with tools: its record, :meth:`suzak.eval.tool_loop.ToolRollout.record`)."""
+        done: dict[str, str | dict] = {}
         for path in self.files():
             done |= self._read(path)
         return done
 
-    def _read(self, path: Path) -> dict[str, str]:
+    def _read(self, path: Path) -> dict[str, str | dict]:
         lines = path.read_text(encoding="utf-8").splitlines()
         if not lines:
             return {}
@@ -232,7 +267,8 @@ class PartialStore:
             except json.JSONDecodeError:  # the line being written when the run died
                 logger.warning("%s:%d: incomplete line skipped (that item is generated again)", path, number)
                 continue
-            done[record["key"]] = record["model_output"]
+            key = record.pop("key")
+            done[key] = record if set(record) != {"model_output"} else record["model_output"]
         return done
 
     def _check_settings(self, path: Path, saved: dict) -> None:
@@ -244,14 +280,15 @@ class PartialStore:
                 "resume, or pass --fresh to discard it"
             )
 
-    def append(self, records: list[tuple[str, str]]) -> None:
-        """Add finished ``(key, output)`` pairs; flushed to disk before returning."""
+    def append(self, records: list[tuple[str, str | dict]]) -> None:
+        """Add finished ``(key, output)`` pairs (an output with tools: its record); flushed to disk before returning."""
         new = not self.path.exists()
         with self.path.open("a", encoding="utf-8") as handle:
             if new:
                 handle.write(json.dumps({"settings": self.settings}) + "\n")
             for key, output in records:
-                handle.write(json.dumps({"key": key, "model_output": output}, ensure_ascii=False) + "\n")
+                fields = output if isinstance(output, dict) else {"model_output": output}
+                handle.write(json.dumps({"key": key, **fields}, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -373,8 +410,9 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
         repetition_penalty = GenerationConfig.from_pretrained(path).repetition_penalty or 1.0
     except OSError:  # no generation_config.json
         repetition_penalty = 1.0
+    crops = crops_per_prompt(config.max_tool_calling_iterations) if config.tools else 0
     engine = VLLMEngine(path, processing_class, budget, batch_size, max_new_tokens,
-                        max_images_per_prompt=max((len(i.images) for i in items), default=0),
+                        max_images_per_prompt=max((len(i.images) for i in items), default=0) + crops,
                         max_videos_per_prompt=int(any(i.video is not None for i in items)),
                         repetition_penalty=repetition_penalty, vllm_module=vllm_module, progress=progress,
                         tensor_parallel_size=config.tensor_parallel_size, dtype=eval_dtype(config.dtype))  # fmt: skip
@@ -406,17 +444,23 @@ def with_box_frames(items: list[EvalItem], family: str, budget: PixelBudget) -> 
 # --- passes --------------------------------------------------------------------------------------------------------
 
 
-def result_row(task: Task, item: EvalItem, output: str, scoring: str = "strict") -> dict:
+def result_row(task: Task, item: EvalItem, output: str | dict, scoring: str = "strict") -> dict:
     """One entry of R1-V's ``results`` list: ``extracted_answer`` and ``is_correct`` under ``scoring``, then
-    ``is_correct_<rule>`` for every rule of the task (so a reader sees where the rules disagree)."""
+    ``is_correct_<rule>`` for every rule of the task (so a reader sees where the rules disagree). An answer with tools
+    (a :meth:`suzak.eval.tool_loop.ToolRollout.record`) is scored on its last turn, ``model_output``; its ``turns``,
+    ``tool_calls`` and ``tool_failures`` follow."""
+    tools = output if isinstance(output, dict) else {}
+    output = tools.get("model_output", output)
     verdicts = score_rules(task, output, item.gold)
     extracted, correct = verdicts[scoring]
     row = {"question": item.record, "ground_truth": item.gold, "model_output": output,
            "extracted_answer": extracted, "is_correct": bool(correct)}  # fmt: skip
-    return row | {rule_flag(rule): bool(ok) for rule, (_, ok) in verdicts.items()}
+    row |= {rule_flag(rule): bool(ok) for rule, (_, ok) in verdicts.items()}
+    return row | {k: v for k, v in tools.items() if k != "model_output"}
 
 
-def _scored_rows(task: Task, items: list[EvalItem], outputs: dict[str, str], scoring: str, source: str) -> list[dict]:
+def _scored_rows(task: Task, items: list[EvalItem], outputs: dict[str, str | dict], scoring: str,
+                 source: str) -> list[dict]:  # fmt: skip
     """``result_row`` for each item; a gold answer that cannot be scored is one line naming the item."""
     rows = []
     for item in items:
@@ -429,10 +473,10 @@ def _scored_rows(task: Task, items: list[EvalItem], outputs: dict[str, str], sco
 
 
 def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, settings: dict, *, temperature: float = 0.0,
-             seed: int | None = None, state=None, fresh: bool = False,
-             scoring: str = "strict") -> RunResult | None:  # fmt: skip
-    """Generate what the partial file lacks, then (rank 0) score everything under every rule and write R1-V's JSON
-    (``accuracy`` under ``scoring``)."""
+             seed: int | None = None, state=None, fresh: bool = False, scoring: str = "strict",
+             tools: ToolLoop | None = None) -> RunResult | None:  # fmt: skip
+    """Generate what the partial file lacks (with ``tools``, each answer in turns), then (rank 0) score everything
+    under every rule and write R1-V's JSON (``accuracy`` under ``scoring``; the tool counts in ``extra``)."""
     state = state or process_state()
     store = PartialStore(output_path, {**settings, "temperature": temperature, "seed": seed}, state)
     if fresh and state.is_main_process:
@@ -444,14 +488,15 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
     if done:
         reused = sum(item.key in done for item in items)
         logger.info("%s: resuming, %d of %d items already done", output_path, reused, len(items))
-    new: dict[str, str] = {}
+    new: dict[str, str | dict] = {}
 
-    def save_batch(indices: list[int], outputs: list[str]) -> None:
+    def save_batch(indices: list[int], outputs: list) -> None:
         records = [(todo[i].key, text) for i, text in zip(indices, outputs, strict=True)]
         store.append(records)
         new.update(records)
 
-    engine.generate([engine_row(item) for item in todo], temperature=temperature, seed=seed, on_batch=save_batch)
+    generator = tools or engine
+    generator.generate([engine_row(item) for item in todo], temperature=temperature, seed=seed, on_batch=save_batch)
     gathered = gather_object([new])  # every rank's outputs, in rank order
     result = None
     if state.is_main_process:
@@ -465,6 +510,8 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
         if other is not None:
             result.other_accuracy = accuracy(results, rule_flag(other))
             result.other_correct = sum(r[rule_flag(other)] for r in results)
+        if tools is not None:
+            result.extra["tools"] = tool_counts(results)
     state.wait_for_everyone()
     return result
 
@@ -501,6 +548,10 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget, videos: bool 
         template["opening_in_completion"] = True
     if config.reward is not None:  # jsonl's scorer
         template["reward"] = config.reward
+    if config.tools:  # the tool loop decides what every answer saw
+        template |= {"tools": list(config.tools), "tool_max_pixels": config.tool_max_pixels,
+                     "tool_max_visual_tokens": config.tool_max_visual_tokens,
+                     "max_tool_calling_iterations": config.max_tool_calling_iterations}  # fmt: skip
     if videos:  # the video budget decides the frames every answer saw
         video = config.video_budget()
         template["video"] = (f"fps {video.fps:g}, {video.min_frames}-{video.max_frames} frames, "
@@ -518,6 +569,17 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget, videos: bool 
     }
 
 
+def tool_loop(config: EvalConfig, engine, budget: PixelBudget) -> ToolLoop | None:
+    """The tool loop ``--tools`` asks for (None without tools): the zoom's crops at ``--tool_max_pixels`` with the
+    model's patch factor, as :func:`suzak.train.build_trainer` binds them."""
+    if not config.tools:
+        return None
+    toolset = resolve_tools(config.tools, budget.for_crops(config.tool_max_pixels), config.tool_max_visual_tokens)
+    logger.info("tools: %s, up to %s tool round(s) per answer", ", ".join(toolset.names),
+                config.max_tool_calling_iterations if config.max_tool_calling_iterations is not None else "any")  # fmt: skip
+    return ToolLoop(engine, toolset, config.max_tool_calling_iterations)
+
+
 def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     """Greedy pass + one sampled pass per seed; R1-V JSON per pass, markdown + JSON summary. None off rank 0."""
     task = eval_task(config)
@@ -533,10 +595,12 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, task, budget, videos=any(item.video is not None for item in items))
-    greedy = run_pass(task, items, engine, output, settings, state=state, fresh=config.fresh, scoring=config.scoring)
+    tools = tool_loop(config, engine, budget)
+    greedy = run_pass(task, items, engine, output, settings, state=state, fresh=config.fresh, scoring=config.scoring,
+                      tools=tools)  # fmt: skip
     sampled = [
         run_pass(task, items, engine, seed_output_path(output, s), settings, temperature=config.temperature,
-                 seed=s, state=state, fresh=config.fresh, scoring=config.scoring)
+                 seed=s, state=state, fresh=config.fresh, scoring=config.scoring, tools=tools)
         for s in config.seeds
     ]  # fmt: skip
     if not state.is_main_process:
