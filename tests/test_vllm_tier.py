@@ -20,7 +20,8 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
   scores reported the same way (visual tokens and prompt ids per request: tests/test_vllm_boundary.py, against
   vLLM's own input processing);
 - grounding (``recipes/grounding_smoke.yaml``): boxes trained through vLLM, then evaluated alike on both engines;
-- tools: multi-turn rollouts with the zoom, whose crops reach vLLM in the next turn (tests/zoom_rollouts.py);
+- tools: multi-turn rollouts with the zoom, whose crops reach vLLM in the next turn (tests/zoom_rollouts.py), and
+  ``suzak.eval --tools zoom`` giving the same calls and answers on both engines;
 - a text-only model (the tiny Qwen2.5 causal LM): GSM8K GRPO through its launch script with colocated vLLM, the
   guard quiet on the live sampler and stopping a frozen one, and both eval engines giving the same answers;
 - vLLM's CPU layers still repack their weights at load (the contract behind ``keep_vllm_cpu_weights_live``).
@@ -464,6 +465,29 @@ def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_env, tmp_path):
     assert [gap[0] for gap in record["gaps"]] == [1, 2]
     # measured: mean 2e-7, max 2.1e-5 nats per token over 192 post-tool tokens (fp32 rounding, as single-turn runs)
     assert max(gap[1] for gap in record["gaps"]) < 1e-5 and max(gap[2] for gap in record["gaps"]) < 1e-3, record["gaps"]
+
+
+def test_eval_with_zoom_gives_the_same_calls_and_answers_on_both_engines(vllm_env, tmp_path):
+    """``suzak.eval jsonl --tools zoom`` at temperature 0 on the tiny model taught the call: vLLM (each round's crops
+    handed over one placeholder per image) and HF make the same calls, see the same crops and write the same turns."""
+    from suzak.models.tiny import TinyConfig, build_tiny_model
+    from test_eval_tools import zoom_jsonl, zoom_prior_model
+
+    model_dir = zoom_prior_model(build_tiny_model(tmp_path / "tiny", TinyConfig.shaped(for_vllm=True)), tmp_path)
+    data, rows = zoom_jsonl(tmp_path / "data", num_rows=6)
+    results = {}
+    for engine in ("hf", "vllm"):
+        output = tmp_path / f"{engine}.json"
+        run_ok([sys.executable, "-m", "suzak.eval", "jsonl", "--engine", engine, "--model_path", str(model_dir),
+                "--prompt_path", str(data), "--reward", "word_match", "--prompt_template", "plain", "--min_pixels",
+                "3136", "--max_pixels", "3136", "--max_new_tokens", "160", "--batch_size", "6", "--tools", "zoom",
+                "--max_tool_calling_iterations", "1", "--output_path", str(output), "--no_progress"], vllm_env)  # fmt: skip
+        results[engine] = json.loads(output.read_text())["results"]
+    hf, vl = results["hf"], results["vllm"]
+    assert [r["tool_calls"] for r in hf] == [1] * len(rows)
+    # measured: 6 of 6 rows the same turns (call, crop, answer) and the same verdicts
+    assert [r["turns"] for r in vl] == [r["turns"] for r in hf]
+    assert [r["is_correct"] for r in vl] == [r["is_correct"] for r in hf]
 
 
 # --- vLLM's CPU layers: the contract behind keep_vllm_cpu_weights_live ------------------------------------------------
