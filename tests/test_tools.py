@@ -45,6 +45,7 @@ def test_zoom_crops_the_original_image_at_a_box_in_the_model_frame(family):
     assert crop.size == expected.size and crop.tobytes() == expected.tobytes()
     assert crop.width % factor == 0 and crop.height % factor == 0
     assert zoom.visual_tokens == crops.tokens(crop.height, crop.width) > 4  # more detail than the whole view had
+    assert zoom.crops == [[math.floor(left), math.floor(top), math.ceil(right), math.ceil(bottom)]]
     if family == "qwen2_5_vl":  # absolute pixels of the 2x2-token view: the box is coarse, the crop still original
         assert max(model_box) <= 2 * factor
 
@@ -157,6 +158,10 @@ def test_tool_settings_are_checked_before_the_model_loads(tmp_path):
         parse_args([*base, "--tool_max_pixels", "1000"])
     with pytest.raises(SuzakError, match="tool_max_visual_tokens must be at least 1"):
         parse_args([*base, "--tool_max_visual_tokens", "0"])
+    with pytest.raises(SuzakError, match="--rewards zoom_used pays a rollout's zoom calls: it needs --tools zoom"):
+        parse_args(
+            [*base[:-6], "--min_pixels", "3136", "--max_pixels", "50176", "--rewards", "word_match", "zoom_used"]
+        )
     suzak_args, config, _ = parse_args([*base, "--tool_max_pixels", "12544", "--max_tool_calling_iterations", "2"])
     assert suzak_args.tools == ["zoom"] and suzak_args.tool_max_pixels == 12544
     assert config.max_tool_calling_iterations == 2
@@ -185,6 +190,8 @@ def check_zoom_rollouts(record: dict) -> None:
     assert all(f"tools/zoom_{reason}" in entry for entry in logs for reason in ZOOM_PROBLEMS)
     answered = [batch for batch in record["batches"] if batch["tool_tokens"] > 0]
     assert answered and all(batch["images"] > batch["rows"] for batch in answered)  # crops beside the rows' images
+    crops = [box for rollout in record["crops"] for box in rollout]  # completions.csv's zoom_crops, every rollout
+    assert len(record["crops"]) == 8 and crops and all(0 <= a < c <= 224 and 0 <= b < d <= 224 for a, b, c, d in crops)
     assert all(batch["post_tool_tokens"] > 0 for batch in answered)  # the model went on after seeing the crop
 
 
@@ -228,18 +235,25 @@ def test_zoom_recipe_trains_through_suzak_train(tmp_path, run_env):
     """`python -m suzak.train` with recipes/zoom_smoke.yaml: the Qwen2.5-VL tool template is put in, the pre-check
     sizes the zoom's tool turn, each step logs the tool metrics, and the saved processor renders tools."""
     import csv
+    import json
     import sys
 
     from conftest import run_ok
 
     out = tmp_path / "run"
     result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/zoom_smoke.yaml", "--max_steps", "1",
-                     "--eval_rows", "0", "--output_dir", str(out)], run_env)  # fmt: skip
+                     "--eval_rows", "0", "--output_dir", str(out), "--rewards", "word_match", "zoom_used",
+                     "--reward_weights", "1.0", "0.1"], run_env)  # fmt: skip
     assert "using suzak's qwen2_vl_tools.jinja" in result.stderr
     assert "tools: zoom crops fitted to 784-3136 pixels (at most 4 visual tokens" in result.stderr
     with open(out / "metrics.csv", newline="") as file:
         (log,) = [row for row in csv.DictReader(file) if row.get("reward")]
     assert log["tools/call_frequency"] and log["tools/zoom_out_of_range"]
+    with open(out / "completions.csv", newline="") as file:
+        rollouts = list(csv.DictReader(file))
+    crops = [json.loads(row["zoom_crops"]) for row in rollouts]  # each rollout's crops, original pixels
+    assert len(crops) == 8 and all(isinstance(c, list) for c in crops)
+    assert [float(row["reward/zoom_used"]) for row in rollouts] == [float(bool(c)) for c in crops]  # the shaping reward
     assert "<tool_call>" in (out / "chat_template.jinja").read_text()
 
 

@@ -87,7 +87,7 @@ def test_reward_call_kwargs_match_calculate_rewards():
     from suzak.trl_internals import REWARD_CALL_KWARGS
 
     source = inspect.getsource(GRPOTrainer._calculate_rewards) + inspect.getsource(GRPOTrainer)
-    trl_set = {"trainer_state", "log_extra", "log_metric"}
+    trl_set = {"trainer_state", "log_extra", "log_metric", "environments"}
     for name in trl_set:
         assert f'reward_kwargs["{name}"]' in source
     assert 'key not in ["prompt", "completion", "completion_ids"]' in source  # every other column is passed

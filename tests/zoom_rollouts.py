@@ -60,11 +60,13 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
                         "post_tool_tokens": _post_tool_tokens(batch)})  # fmt: skip
         return batch
 
+    crops = []
+    trainer.completion_listeners.append(lambda rows: crops.extend(json.loads(row["zoom_crops"]) for row in rows))
     trainer._generate_and_score_completions = spy_score
     ZoomEnvironment.reset = spy_reset
     trainer.train()
     record = {"logs": trainer.state.log_history, "seen": seen, "batches": batches,
-              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps]}  # fmt: skip
+              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps], "crops": crops}  # fmt: skip
     Path(output).write_text(json.dumps(record), encoding="utf-8")
 
 

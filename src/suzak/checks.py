@@ -37,6 +37,7 @@ from suzak import SuzakError
 from suzak.boxes import QUESTION_BOXES_COLUMN, box_problem, model_answer, question_boxes_of
 from suzak.parsing import gold_answer, gold_boxes
 from suzak.prompts import after_opening, render_answer, template_opening
+from suzak.rewards import reads_rollout
 from suzak.trl_internals import reward_call_kwargs
 from suzak.video import row_clip, video_problem
 from suzak.vision import PixelBudget, VideoBudget, images_of, processor_bounds, prompt_tokens, to_rgb
@@ -60,7 +61,8 @@ def preflight(
     The ideal completion is ``render_answer(answer_format, gold)``. Each reward is called as GRPOTrainer calls it
     (every dataset column as a keyword list), with plain-string and with conversational completions. A reward with
     weight 0 is skipped. A mismatch between rewards and prompt template otherwise shows up only as a flat reward
-    curve hours later; here it raises ``SuzakError`` at once. ``opening``: the chat template's opening of the
+    curve hours later; here it raises ``SuzakError`` at once. A reward of the rollout rather than the answer
+    (:func:`suzak.rewards.reads_rollout`, e.g. ``zoom_used``) is skipped. ``opening``: the chat template's opening of the
     assistant turn that the rewards read each completion after (``opening_in_completion``); the completions checked
     are then what the model writes after it (:func:`suzak.prompts.after_opening`).
 
@@ -77,7 +79,7 @@ def preflight(
     weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     if len(weights) != len(reward_funcs):
         raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
-    checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0]
+    checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0 and not reads_rollout(f)]
     for func in checked:
         for form in ("plain", "conversational"):
             _check_reward(func, rows, ideals, form, answer_format)

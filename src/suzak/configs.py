@@ -419,6 +419,8 @@ def _check_tools(suzak_args: SuzakArguments, config) -> None:
 
     crop, cap = suzak_args.tool_max_pixels, suzak_args.tool_max_visual_tokens
     check_tool_settings(suzak_args.min_pixels, suzak_args.max_pixels, crop, cap)
+    if "zoom_used" in suzak_args.rewards and "zoom" not in suzak_args.tools:
+        raise SuzakError("--rewards zoom_used pays a rollout's zoom calls: it needs --tools zoom")
     if not suzak_args.tools and (crop is not None or cap is not None):
         logger.warning("tool_max_pixels / tool_max_visual_tokens are set but tools is empty: they do nothing")
     if suzak_args.tools and getattr(config, "max_tool_calling_iterations", 0) is None:

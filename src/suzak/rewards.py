@@ -58,7 +58,9 @@ __all__ = [
     "r1v_accuracy",
     "resolve_reward",
     "resolve_rewards",
+    "reads_rollout",
     "think_format",
+    "zoom_used",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,22 @@ def _reads_gold(parse: Callable[[str], Any]) -> Callable[[Callable], Callable]:
         return func
 
     return mark
+
+
+def _reads_rollout(func: Callable) -> Callable:
+    """Mark a reward that scores how a rollout went (its tool calls, read from TRL's ``environments``), not the
+    answer: the reward pre-flight, which scores ideal answers, skips it (:func:`reads_rollout`)."""
+    func.reads_rollout = True
+    return func
+
+
+def reads_rollout(reward: Callable) -> bool:
+    """True for a reward marked by ``_reads_rollout`` (also through recipe kwargs).
+
+    >>> reads_rollout(zoom_used), reads_rollout(word_match)
+    (True, False)
+    """
+    return bool(getattr(getattr(reward, "func", reward), "reads_rollout", False))
 
 
 def gold_parser(reward: Callable) -> Callable[[str], Any] | None:
@@ -389,12 +407,32 @@ def box_f1(completions: list, solution: list, box_frame: list | None = None, ans
             for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
 
 
+# --- tool use: an optional shaping reward ----------------------------------------------------------------------
+
+
+@_reads_rollout
+def zoom_used(completions: list, environments: list | None = None, **kwargs) -> list[float | None]:
+    """1.0 for a rollout that got at least one crop back from the zoom (a call the zoom answered with an image),
+    else 0.0: a tool-use shaping reward, off unless a recipe lists it (docs/tools.md). It pays the call whatever the
+    answer, so weight it well below the accuracy reward (``reward_weights``); TRL hands it each rollout's
+    environment (``environments``). A run without the zoom is stopped before step 1 (:func:`suzak.train`).
+
+    >>> class Rollout:
+    ...     def __init__(self, crops): self.crops = crops
+    >>> zoom_used(["red", "red", "blue"], environments=[Rollout([[0, 0, 56, 56]]), Rollout([]), Rollout([])])
+    [1.0, 0.0, 0.0]
+    """
+    if environments is None or len(environments) != len(completions):
+        raise SuzakError("reward 'zoom_used' reads each rollout's zoom: it needs a run with tools: [zoom]")
+    return [float(bool(getattr(env, "crops", None))) for env in environments]
+
+
 # --- registry ----------------------------------------------------------------------------------------------------
 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
-              iou, rec_accuracy, box_format, box_f1)
+              iou, rec_accuracy, box_format, box_f1, zoom_used)
 }  # fmt: skip
 
 

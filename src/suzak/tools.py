@@ -97,8 +97,9 @@ class ZoomEnvironment:
 
     ``budget`` is the crop's pixel budget, bound to the model's patch factor (min pixels as training's, max pixels
     ``tool_max_pixels``); ``max_visual_tokens`` caps the visual tokens of all the crops of one rollout (None: no cap).
-    ``problems`` counts the failed calls since the last reset by reason (:data:`ZOOM_PROBLEMS`); ``calls`` and
-    ``visual_tokens`` what was handed out.
+    ``problems`` counts the failed calls since the last reset by reason (:data:`ZOOM_PROBLEMS`); ``calls``,
+    ``visual_tokens`` and ``crops`` (each crop's box in the original image's pixels, [left, top, right, bottom]) what
+    was handed out.
     """
 
     def __init__(self, budget: PixelBudget, max_visual_tokens: int | None = None):
@@ -111,6 +112,7 @@ class ZoomEnvironment:
         self.problems: Counter = Counter()
         self.calls = 0
         self.visual_tokens = 0
+        self.crops: list[list[int]] = []
 
     def reset(self, **row: Any) -> None:
         """Take a new row: its original image and its box frame (the columns the trainer adds); no observation."""
@@ -120,6 +122,7 @@ class ZoomEnvironment:
         self.problems = Counter()
         self.calls = 0
         self.visual_tokens = 0
+        self.crops = []
 
     def zoom(self, bbox_2d: list[int]) -> list[dict]:
         """Zoom into a region of the image to see it in more detail: returns that region as a new image.
@@ -147,16 +150,22 @@ class ZoomEnvironment:
             self._fail("budget", f"this answer's zooms may show {cap} visual tokens and {self.visual_tokens} are "
                                  f"used; this one needs {tokens}: answer with what you have seen")  # fmt: skip
         self.visual_tokens += tokens
+        self.crops.append(self._crop_box(box))
         return [{"type": "image", "image": self._budget.fit(crop)}]
 
-    def _crop(self, box: Sequence[float]) -> Image.Image:
-        """The original image's pixels under a model-frame box (whole pixels covering it, inside the image)."""
+    def _crop_box(self, box: Sequence[float]) -> list[int]:
+        """[left, top, right, bottom]: the whole pixels of the original image covering a model-frame box."""
         assert self._image is not None and self._frame is not None
         x1, y1, x2, y2 = self._frame.from_model(box)
         width, height = self._image.size
         left, top = max(0, math.floor(x1)), max(0, math.floor(y1))
         right, bottom = min(width, math.ceil(x2)), min(height, math.ceil(y2))
-        return self._image.crop((left, top, max(right, left), max(bottom, top)))
+        return [left, top, max(right, left), max(bottom, top)]
+
+    def _crop(self, box: Sequence[float]) -> Image.Image:
+        """The original image's pixels under a model-frame box (whole pixels covering it, inside the image)."""
+        assert self._image is not None
+        return self._image.crop(tuple(self._crop_box(box)))
 
     def _fail(self, reason: str, message: str):
         self.problems[reason] += 1

@@ -27,6 +27,7 @@ prompts reach vLLM with one placeholder per image and per video, and each video 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,7 @@ from suzak.prompts import template_opening
 from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
-from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory
+from suzak.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
 from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
 from suzak.video import row_clip
 from suzak.vision import (
@@ -172,7 +173,7 @@ class VLMGRPOTrainer(GRPOHooks):
         rows = ({k: v for k, v in row.items() if k != ROW_COLUMN} for row in inputs)  # rewards get the dataset's own
         framed = (self.with_box_frame(row) for row in rows)  # from the original image, before it is fitted
         if self.environment_factories is not None:  # an environment (the zoom) gets each row's image as it is
-            framed = (self.with_original_image(row) for row in framed)
+            framed = (with_original_image(row) for row in framed)
         fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in framed])
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
 
@@ -180,13 +181,6 @@ class VLMGRPOTrainer(GRPOHooks):
         """The row with its image's box frame for the box rewards (:func:`suzak.boxes.with_box_frame`): this model's
         family, the image's size and the size the pixel budget gives it."""
         return with_box_frame(row, self.model_type, self.pixel_budget)
-
-    @staticmethod
-    def with_original_image(row: dict[str, Any]) -> dict[str, Any]:
-        """The row with :data:`suzak.tools.ORIGINAL_IMAGE_COLUMN`: its one image before the budget fits it (what a
-        zoom crops), None for a row with none or several."""
-        images = images_of(row)
-        return {**row, ORIGINAL_IMAGE_COLUMN: images[0] if len(images) == 1 else None}
 
     @property
     def model_type(self) -> str | None:
@@ -215,6 +209,13 @@ class VLMGRPOTrainer(GRPOHooks):
             return {}
         zooms = [e for e in environments if isinstance(e, ZoomEnvironment)]
         return {f"{ZOOM}_{reason}": sum(e.problems[reason] for e in zooms) for reason in ZOOM_PROBLEMS}
+
+    def rollout_columns(self, environments: list) -> dict[str, list]:
+        """With the zoom: ``zoom_crops``, each rollout's crops as boxes of the original image's pixels (JSON; ``[]``
+        when it zoomed into nothing), beside its completion in ``completions.csv`` and the W&B table."""
+        if self.zoom_factory is None:
+            return {}
+        return {f"{ZOOM}_crops": [json.dumps(getattr(e, "crops", [])) for e in environments]}
 
     def check_tool_turns(self) -> None:
         """With the zoom: the largest crop's tool turn must fit max_completion_length with room for an answer (TRL

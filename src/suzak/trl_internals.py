@@ -101,7 +101,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Keyword arguments GRPOTrainer._calculate_rewards passes to every reward itself (beside the dataset's columns).
-REWARD_CALL_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+REWARD_CALL_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                      "environments")  # fmt: skip
 
 # The key of the scored batch that carries each row's video tensors (a list, one entry per row: TRL shuffles and
 # splits lists along the rows with everything else).
@@ -890,6 +891,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             rewards = super()._calculate_rewards(inputs, *args, **kwargs)  # (completions of every rank, rewards)
         finally:
             self.reward_funcs = funcs
+        environments = self.environments or []
+        if len(environments) == len(inputs):  # one per rollout, in the rollouts' order (TRL draws them per batch)
+            for column, values in self.rollout_columns(environments).items():
+                self._log_completion_extra(column, values)
         return self.screen_rewards(rewards, guard)
 
     def _log_completion_extra(self, column: str, values: list):
@@ -968,6 +973,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
     def tool_problem_counts(self, environments: list) -> dict[str, int]:
         """Failed tool calls of this batch by reason, the same keys on every rank ({} : nothing to log)."""
+        return {}
+
+    def rollout_columns(self, environments: list) -> dict[str, list]:
+        """Columns of the completions log (``completions.csv``, the W&B table) read from each rollout's environment,
+        the same keys on every rank ({}: none)."""
         return {}
 
     def step_rows(self) -> list[str]:
