@@ -1,7 +1,7 @@
 """Procedural zoom task: a checked square whose colour only a crop can show. Offline, by seed.
 
 A grey square image holds one square (a quarter of the side) in one of ``slots`` places of a 4 x 4 grid, checked in
-cells of ``side // 224`` pixels (1 at 224) of two colours that average to the grey (red/cyan, green/magenta,
+cells of ``side // 448`` pixels (at least 1) of two colours that average to the grey (red/cyan, green/magenta,
 blue/yellow). Fitted whole to a quarter of its side (or less) the square is grey on grey, the same for every colour
 to within 2 of 255 (measured: the checks cancel under the resize, where stripes alias); a crop of the square at that
 budget shows the checks pixel for pixel. The question names the square's box (``question_boxes``, original pixels,
@@ -45,7 +45,7 @@ def zoom_checks(num_rows: int = 1000, seed: int = 0, images: str = "aligned", si
         raise ValueError(f"images must be aligned or grey, got {images!r}")
     if not 1 <= slots <= len(_PLACES):
         raise ValueError(f"slots must be 1 to {len(_PLACES)}, got {slots}")
-    square, cell = side // 4, max(1, side // 224)
+    square, cell = side // 4, max(1, side // 448)  # two cells or more to each pixel of a quarter-size view
     grid = [(x * square, y * square) for y in range(4) for x in range(4)]
     places = [grid[i] for i in _PLACES[:slots]]
     names = list(CHECKS)
