@@ -15,30 +15,6 @@ from suzak.vision import PixelBudget, images_of
 BUDGET = PixelBudget(3136, 3136)  # the 224-pixel images seen at 2x2 visual tokens; crops at the same budget
 
 
-def zoom_prior_model(model_dir, output_dir):
-    """The tiny model after a short SFT of the zoom call on the question's box (tests/zoom_rollouts.py's prior),
-    saved with its processor."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from suzak.models.tool_calling import prepare_tool_calling
-    from suzak.selftest import zoom_call_prior, zoom_dataset
-    from suzak.vision import configure_processor
-
-    torch.manual_seed(0)
-    processor = AutoProcessor.from_pretrained(model_dir)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir)
-    prepare_tool_calling(processor, model.config.model_type)
-    budget = BUDGET.for_model(processor)
-    configure_processor(processor, budget)
-    rows = list(zoom_dataset(64, 1, "grey", budget.factor, slots=1))
-    zoom_call_prior(model, processor, budget, rows, 80, output_dir)
-    saved = output_dir / "prior_model"
-    model.save_pretrained(saved)
-    processor.save_pretrained(saved)
-    return saved
-
-
 def zoom_jsonl(folder, num_rows: int = 4):
     """zoom_checks rows as suzak.eval's jsonl task reads them (images as PNGs, the question's box kept)."""
     from suzak.data.zoom import QUESTION
@@ -63,8 +39,8 @@ def eval_config(model_path, data, output, **overrides) -> EvalConfig:
 
 
 @pytest.fixture(scope="module")
-def zoom_prior(tiny_model_dir, tmp_path_factory):
-    return zoom_prior_model(tiny_model_dir, tmp_path_factory.mktemp("zoom_prior"))
+def zoom_prior(zoom_prior_dir):
+    return zoom_prior_dir
 
 
 def test_hf_eval_with_zoom_calls_crops_the_original_and_counts(zoom_prior, tmp_path, monkeypatch):

