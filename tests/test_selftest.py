@@ -308,6 +308,30 @@ def test_grounding_dataset_conditions():
     assert {r["image"].tobytes() for r in grey} == {grey[0]["image"].tobytes()}
 
 
+def test_zoom_selftest_runs_each_condition_end_to_end(monkeypatch):
+    """The zoom task's plumbing in a few steps (the learning itself: docs/tools.md): the tool run rolls out with the
+    zoom after its call prior and answers the held-out rows through the evaluation's tool loop; the control answers
+    without tools; the tiny vocabulary holds the tool format."""
+    import dataclasses
+
+    import suzak.selftest as selftest
+    from suzak.eval.tool_loop import ToolLoop
+
+    monkeypatch.setitem(selftest.TASKS, "zoom", dataclasses.replace(selftest.TASKS["zoom"], prior_steps=2))
+    monkeypatch.setattr(selftest, "ZOOM_PRIOR_ROWS", 16)
+    looped = []
+    generate = ToolLoop.generate
+    monkeypatch.setattr(
+        ToolLoop, "generate", lambda self, rows, **kw: looped.append(len(rows)) or generate(self, rows, **kw)
+    )
+    config = selftest.SelfTestConfig(task="zoom", steps=1, rows=8, heldout_rows=4, prompts_per_step=2, generations=2)
+    for condition in ("aligned", selftest.NO_TOOL):  # one condition a call: in this process
+        report = selftest.run_selftest(config, (condition,))
+        assert len(report["windows"][condition]) == 1 and 0 <= report["heldout"][condition] <= 1
+    assert looped == [4]  # the tool run's held-out rows went through the tool loop, the control's did not
+    assert '"zoom"' in selftest.zoom_corpus("qwen2_5_vl", repeats=1)[0]
+
+
 def test_grounding_selftest_scores_boxes_in_the_models_frame():
     """The self-test's held-out score is the IoU in the family's frame of the image as the budget resized it (112
     pixels shown at one 28-pixel token): the right cell written in resized pixels scores 1, in original pixels 0."""
