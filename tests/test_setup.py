@@ -62,7 +62,9 @@ def test_a_disk_too_full_for_the_path_is_one_line_before_anything_is_installed(a
     assert result.returncode == 2 and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     venv = ".venv-vllm" if args == ["--vllm-cpu"] else ".venv"
-    assert line.startswith(f"setup.sh: the {args[0][2:] if args else 'cpu'} path needs about {need} GB free for {venv}; ")
+    assert line.startswith(
+        f"setup.sh: the {args[0][2:] if args else 'cpu'} path needs about {need} GB free for {venv}; "
+    )
     assert f"{tmp_path} has {need - 1} GB" in line
     assert not (tmp_path / venv).exists()
 
