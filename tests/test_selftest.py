@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -322,13 +323,16 @@ def test_zoom_selftest_runs_each_condition_end_to_end(monkeypatch):
     looped = []
     generate = ToolLoop.generate
     monkeypatch.setattr(
-        ToolLoop, "generate", lambda self, rows, **kw: looped.append(len(rows)) or generate(self, rows, **kw)
+        ToolLoop, "generate", lambda self, rows, **kw: looped.append(list(rows)) or generate(self, rows, **kw)
     )
     config = selftest.SelfTestConfig(task="zoom", steps=1, rows=8, heldout_rows=4, prompts_per_step=2, generations=2)
     for condition in ("aligned", selftest.NO_TOOL):  # one condition a call: in this process
         report = selftest.run_selftest(config, (condition,))
         assert len(report["windows"][condition]) == 1 and 0 <= report["heldout"][condition] <= 1
-    assert looped == [4]  # the tool run's held-out rows went through the tool loop, the control's did not
+    assert [len(rows) for rows in looped] == [4]  # the tool run's held-out rows went through the tool loop, not the control's
+    # each held-out question names its box in the model's frame, as the training rows did (not a bare "{box}")
+    texts = [json.dumps(row["prompt"]) for row in looped[0]]
+    assert all("{box}" not in text and re.search(r"\[\d+, \d+, \d+, \d+\]", text) for text in texts), texts
     assert '"zoom"' in selftest.zoom_corpus("qwen2_5_vl", repeats=1)[0]
 
 

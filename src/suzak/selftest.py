@@ -837,7 +837,7 @@ def _heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) ->
                       max_new_tokens=config.spec.max_completion_length, progress=False)  # fmt: skip
     engine.use_video_budget(trainer.video_budget)
     engine.model_type = trainer.model_type  # as suzak.eval's runner sets it (box frames, the tool loop)
-    if config.task == "grounding":
+    if config.task in ("grounding", "zoom"):  # boxes in the answer or the question: in the model's frame, as trained
         from suzak.boxes import with_box_frame
 
         rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
