@@ -329,7 +329,7 @@ def test_zoom_selftest_runs_each_condition_end_to_end(monkeypatch):
     for condition in ("aligned", selftest.NO_TOOL):  # one condition a call: in this process
         report = selftest.run_selftest(config, (condition,))
         assert len(report["windows"][condition]) == 1 and 0 <= report["heldout"][condition] <= 1
-    assert [len(rows) for rows in looped] == [4]  # the tool run's held-out rows went through the tool loop, not the control's
+    assert [len(rows) for rows in looped] == [4]  # the tool run's held-out rows took the tool loop, the control's not
     # each held-out question names its box in the model's frame, as the training rows did (not a bare "{box}")
     texts = [json.dumps(row["prompt"]) for row in looped[0]]
     assert all("{box}" not in text and re.search(r"\[\d+, \d+, \d+, \d+\]", text) for text in texts), texts
