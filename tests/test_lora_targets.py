@@ -99,9 +99,8 @@ def test_expert_parameters_are_counted_exactly(moe):
             {"lora_target_parameters": EXPERTS},  # TRL's lora_dropout 0.05: PEFT's ParamWrapper raises (a traceback)
             ["lora_target_parameters needs lora_dropout 0", "add --lora_dropout 0"],
         ),
-        ({}, ["neither lora_target_modules nor lora_target_parameters", "model type 'qwen3_5_moe'"]),
     ],  # fmt: skip
-    ids=["typo-module", "typo-parameter", "one-module-name", "dropout", "no-targets"],
+    ids=["typo-module", "typo-parameter", "one-module-name", "dropout"],
 )
 def test_check_is_one_line_naming_the_flag_and_a_close_name(moe, flags, expected):
     peft_config = get_peft_config(ModelConfig(model_name_or_path=MOE, use_peft=True, **flags))
@@ -125,6 +124,30 @@ def test_check_logs_the_counts_when_every_target_matches(moe, caplog):
     (line,) = [r.getMessage() for r in caplog.records if r.name == "suzak.models.lora_targets"]
     assert "lora_target_parameters mlp.experts.gate_up_proj: 2 parameters (32,768 weights)" in line
     assert check_lora_targets(moe[0], None) == []  # no LoRA: nothing to check
+
+
+def test_use_peft_with_no_target_adapts_the_language_models_linear_layers(moe, caplog):
+    """PEFT has no default target for the Qwen VL families: ``use_peft: true`` alone puts LoRA on every linear layer
+    of the language model (attention, linear attention, MLP; not the vision tower, not the output head), said in one
+    line, as LLaMA-Factory and ms-swift users expect; PEFT then wraps exactly those."""
+    model = moe[0]
+    peft_config = get_peft_config(ModelConfig(model_name_or_path=MOE, use_peft=True))
+    with caplog.at_level("INFO", logger="suzak.models.lora_targets"):
+        (row,) = check_lora_targets(model, peft_config)
+    linear = {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    vision = {name for name in linear if ".visual." in f".{name}."}
+    assert vision and "lm_head" in linear  # (the model has both: the test could fail)
+    assert set(row.matched) == linear - vision - {"lm_head"} and row.target == peft_config.target_modules
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("use_peft with no"))
+    assert f"LoRA on the language model's {len(row.matched)} linear layers (" in line and "vision tower" in line
+    wrapped = get_peft_model(copy.deepcopy(model), peft_config)
+    adapted = {name.split(".lora_A")[0].removeprefix("base_model.model.") for name, _ in wrapped.named_parameters()
+               if ".lora_A." in name}  # fmt: skip
+    assert adapted == set(row.matched)
+    named = get_peft_config(
+        ModelConfig(model_name_or_path=MOE, use_peft=True, lora_target_modules=["q_proj", "o_proj"])
+    )
+    assert [r.target for r in check_lora_targets(model, named)] == ["o_proj", "q_proj"]  # named targets stay
 
 
 def _grpo_args(tmp_path, *flags):

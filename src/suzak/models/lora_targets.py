@@ -39,8 +39,10 @@ __all__ = [
     "check_lora_targets",
     "count_targets",
     "format_table",
+    "language_model_targets",
     "main",
     "meta_model",
+    "with_default_targets",
 ]
 
 logger = logging.getLogger(__name__)
@@ -155,11 +157,53 @@ def _miss(model, row: TargetRow) -> str:
     return line
 
 
+def language_model_targets(model) -> str | None:
+    r"""PEFT's regular expression for every linear layer of ``model``'s language model: the linear layers that PEFT's
+    ``all-linear`` finds (the output head left out) whose names are outside the vision tower (``visual``). None when
+    the model has none.
+
+    >>> import torch
+    >>> class Tower(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.visual, self.layers = torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2)}), torch.nn.ModuleDict(
+    ...             {"q_proj": torch.nn.Linear(2, 2), "up_proj": torch.nn.Linear(2, 2)})
+    >>> print(language_model_targets(Tower()))
+    (?!(.*\.)?visual\.).*\.(q_proj|up_proj)
+    """
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+
+    linear = _maybe_include_all_linear_layers(LoraConfig(target_modules="all-linear"), model).target_modules
+    names = sorted({name.rsplit(".", 1)[-1] for name in linear if ".visual." not in f".{name}."})  # full names
+    return rf"(?!(.*\.)?visual\.).*\.({'|'.join(names)})" if names else None
+
+
+def with_default_targets(model, peft_config):
+    """``peft_config`` with LoRA on the language model's linear layers (:func:`language_model_targets`) when it names
+    no target and PEFT has no default for the model type (none for the Qwen VL families), said in one log line; as
+    it was otherwise. The vision tower is not adapted, as suzak's LoRA recipes do."""
+    if (peft_config is None or getattr(peft_config, "target_modules", False) is not None
+            or getattr(peft_config, "target_parameters", None) or _default_modules(model)):  # fmt: skip
+        return peft_config
+    if (targets := language_model_targets(model)) is None:
+        return peft_config
+    peft_config.target_modules = targets
+    (row,) = count_targets(model, targets, peft_config=peft_config)
+    logger.info("use_peft with no %s: LoRA on the language model's %d linear layers (%s), not on the vision tower; "
+                "name targets to change it", MODULES_FLAG, len(row.matched), targets.rsplit("(", 1)[-1][:-1].replace(
+                    "|", ", "))  # fmt: skip
+    return peft_config
+
+
 def check_lora_targets(model, peft_config) -> list[TargetRow]:
     """Stop (:class:`~suzak.SuzakError`, one line) when any LoRA target of ``peft_config`` matches nothing in
-    ``model``, before PEFT wraps it; log the counts when all match. Configs without targets (not LoRA) pass."""
+    ``model``, before PEFT wraps it; log the counts when all match. Configs without targets (not LoRA) pass; a LoRA
+    config with none, for a model PEFT has no default for, gets the language model's linear layers
+    (:func:`with_default_targets`, in place)."""
     if peft_config is None or not hasattr(peft_config, "target_modules"):
         return []
+    with_default_targets(model, peft_config)
     modules, parameters = peft_config.target_modules, getattr(peft_config, "target_parameters", None)
     if parameters and (getattr(peft_config, "lora_dropout", 0) or getattr(peft_config, "use_dora", False)):
         # PEFT's ParamWrapper raises on either, as a traceback from inside the trainer's constructor.
