@@ -303,3 +303,24 @@ def test_an_earlier_trainers_autocast_is_taken_off_the_model(tiny_model_dir, tmp
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():  # the forward the model's own class defines, in fp32
         assert torch.equal(model(input_ids=ids).logits, type(model).forward(model, input_ids=ids).logits)
+
+
+def test_load_best_model_at_end_loads_the_best_checkpoints_weights(tiny_model_dir, tmp_path, caplog):
+    """transformers 5.17's ``_load_best_model`` reads a checkpoint with a plain ``load_state_dict``, which misses every
+    key ``save_pretrained`` wrote in the checkpoint's layout (the resume's bug): the model saved at the end was the last
+    step's. ``TrainerHooks._load_best_model`` loads it again with the model's key conversion."""
+    from transformers import AutoModelForImageTextToText
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward], save_strategy="steps",
+                           save_steps=1)  # fmt: skip
+    trainer.train()
+    best = tmp_path / "out" / "checkpoint-1"
+    want = AutoModelForImageTextToText.from_pretrained(best).state_dict()
+    last = {key: value.clone() for key, value in trainer.model.state_dict().items()}
+    assert any(not torch.equal(last[key], want[key]) for key in want)  # step 2 moved the weights: the test can fail
+    trainer.state.best_model_checkpoint = str(best)
+    with caplog.at_level("INFO", logger="suzak.trl_internals"):
+        trainer._load_best_model()
+    got = trainer.model.state_dict()
+    assert all(torch.equal(got[key], want[key]) for key in want)
+    assert f"best model's weights: 56 tensors from {best}" in caplog.text and "missing keys" not in caplog.text

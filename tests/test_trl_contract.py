@@ -227,6 +227,7 @@ def test_weight_sync_resets_the_prefix_cache_but_not_vllms_encoder_cache():
         ("_get_grad_norm", ["self", "model", "grad_norm"]),  # the norm, after clipping, before optimizer.step()
         ("_load_from_checkpoint", ["self", "resume_from_checkpoint", "model"]),  # weights reloaded with key conversion
         ("_issue_warnings_after_load", ["self", "load_result"]),  # its missing-keys warning, silenced for that load
+        ("_load_best_model", ["self"]),  # load_best_model_at_end: the best checkpoint reloaded with key conversion
     ],
 )
 def test_trainer_hooks(method, leading):
@@ -249,8 +250,8 @@ def test_the_trainer_still_loads_resumed_weights_without_key_conversion():
     checkpoints with the model's key conversion, and the repair can go."""
     from transformers import Trainer
 
-    source = inspect.getsource(Trainer._load_from_checkpoint)
-    assert "load_result = model.load_state_dict(state_dict, False)" in source
+    for method in (Trainer._load_from_checkpoint, Trainer._load_best_model):  # (load_best_model_at_end's too)
+        assert "load_result = model.load_state_dict(state_dict, False)" in inspect.getsource(method)
 
 
 def test_key_conversion_helpers():

@@ -6,7 +6,8 @@ by name, instead of somewhere in a training run:
 - :class:`TrainerHooks` (both trainers; :class:`SFTHooks` for SFT) overrides transformers' ``Trainer._save_checkpoint``
   and ``_get_output_dir`` (checkpoints written to a staging folder, renamed when whole), ``_get_grad_norm`` (a nan/inf
   step stopped or skipped before the optimizer applies it) and ``_load_from_checkpoint``/``_issue_warnings_after_load``
-  (a resume's weights loaded with the model's key conversion, which transformers 5.17's resume leaves out);
+  (a resume's weights loaded with the model's key conversion, which transformers 5.17's resume leaves out), and
+  ``_load_best_model`` (load_best_model_at_end's load, the same flaw);
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
   method of the subclass), reads the per-rollout tool ``environments`` and calls ``_get_tool_suffix_ids`` (a tool
@@ -648,6 +649,30 @@ class TrainerHooks:
         ``from_pretrained`` renames it (``transformers.core_model_loading.rename_source_key``), and a key still
         missing is an error, never a silent fresh start.
         """
+        self._reloading = True  # its "missing keys" warning is about the load repaired below
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        finally:
+            self._reloading = False
+        self._load_converted_weights(resume_from_checkpoint, self.model if model is None else model,
+                                     "resume_from_checkpoint", "resumed")  # fmt: skip
+
+    def _load_best_model(self) -> None:
+        """The Trainer's ``load_best_model_at_end``, then the best checkpoint's weights loaded again with the model's
+        key conversion: the Trainer's own load has the resume's flaw (:meth:`_load_from_checkpoint`), so the model
+        saved at the end was the last step's, not the best one's, after a warning."""
+        self._reloading = True
+        try:
+            super()._load_best_model()
+        finally:
+            self._reloading = False
+        self._load_converted_weights(self.state.best_model_checkpoint, self.model, "load_best_model_at_end",
+                                     "best model's")  # fmt: skip
+
+    def _load_converted_weights(self, folder: str, model, flag: str, what: str) -> None:
+        """``folder``'s ``model.safetensors`` (or shards) into ``model``, each key renamed as ``from_pretrained``
+        renames it; a weight the folder lacks stops the run (one line naming ``flag``). DeepSpeed, FSDP and PEFT models load their
+        own formats (PEFT models are no ``PreTrainedModel``: adapters load themselves)."""
         import json
         import os
 
@@ -656,22 +681,16 @@ class TrainerHooks:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
-        self._reloading = True  # its "missing keys" warning is about the load repaired below
-        try:
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-        finally:
-            self._reloading = False
-        model = self.model if model is None else model
         if self.is_deepspeed_enabled or self.is_fsdp_enabled or not isinstance(model, PreTrainedModel):
-            return  # their own checkpoint formats; PEFT models are not PreTrainedModel (adapters load themselves)
-        single = os.path.join(resume_from_checkpoint, "model.safetensors")
-        index = os.path.join(resume_from_checkpoint, "model.safetensors.index.json")
+            return
+        single = os.path.join(folder, "model.safetensors")
+        index = os.path.join(folder, "model.safetensors.index.json")
         if os.path.isfile(single):
             files = [single]
         elif os.path.isfile(index):
             with open(index, encoding="utf-8") as handle:
                 shards = sorted(set(json.load(handle)["weight_map"].values()))
-            files = [os.path.join(resume_from_checkpoint, shard) for shard in shards]
+            files = [os.path.join(folder, shard) for shard in shards]
         else:
             return
         transforms = get_model_conversion_mapping(model)
@@ -687,9 +706,9 @@ class TrainerHooks:
         tied = set(getattr(model, "all_tied_weights_keys", None) or {})
         missing = sorted(key for key in own if key not in loaded and key not in tied)
         if missing:
-            raise SuzakError(f"resume_from_checkpoint {resume_from_checkpoint}: {len(missing)} of the model's weights "
-                             f"are not in the checkpoint (first: {missing[0]}); it was saved from another model")  # fmt: skip
-        logger.info("resumed weights: %d tensors from %s", len(loaded), resume_from_checkpoint)
+            raise SuzakError(f"{flag} {folder}: {len(missing)} of the model's weights are not in the checkpoint (first: "
+                             f"{missing[0]}); it was saved from another model")  # fmt: skip
+        logger.info("%s weights: %d tensors from %s", what, len(loaded), folder)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         if not getattr(self, "_reloading", False):
