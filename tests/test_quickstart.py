@@ -133,7 +133,7 @@ def test_slurm_example_starts_torchrun_once_per_node(tmp_path, run_env):
     result = run_ok(["bash", "src/scripts/slurm/grpo_multinode.sbatch", "--max_steps", "5"], env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("dry run: ")]
     assert lines == [
-        f"dry run: torchrun --nnodes 2 --node_rank {rank} --nproc_per_node 4 --master_addr gpu-07 --master_port 29500 "
+        f"dry run: python -m suzak.runs.launch --nnodes 2 --node_rank {rank} --nproc_per_node 4 --master_addr gpu-07 --master_port 29500 "
         "-m suzak.train --config recipes/clevr_qwen2.5vl_7b.yaml --deepspeed auto --max_steps 5"
         for rank in (0, 1)
     ]

@@ -1,5 +1,5 @@
 # common.sh - sourced by the launch scripts: repo root, virtualenv, .env, GPU count, and the launcher.
-#   launch MODULE ARGS...   runs `python -m MODULE` (no GPU) or torchrun over every visible GPU, multi-node via
+#   launch MODULE ARGS...   runs `python -m MODULE` (no GPU) or torchrun (suzak.runs.launch) over every GPU, multi-node via
 #                           NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT (src/scripts/slurm/ sets them from
 #                           SLURM's variables). SUZAK_DRY_RUN=1 prints the command instead of running it.
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -38,7 +38,8 @@ launch() {
   if [ "$NPROC" -eq 0 ]; then
     cmd=(python -m "$module" "$@")
   else
-    cmd=(torchrun --nnodes "${NNODES:-1}" --node_rank "${NODE_RANK:-0}" --nproc_per_node "$NPROC"
+    # torchrun through suzak.runs.launch: a failed rank's own error line ends the output, not torchrun's traceback
+    cmd=(python -m suzak.runs.launch --nnodes "${NNODES:-1}" --node_rank "${NODE_RANK:-0}" --nproc_per_node "$NPROC"
          --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" -m "$module" "$@")
   fi
   if [ -n "${SUZAK_DRY_RUN:-}" ]; then  # print the command instead of running it (a check of a cluster's setup)
