@@ -179,7 +179,9 @@ def test_launch_script_runs_qlora_without_deepspeed(run_env, gpus, args, deepspe
     env = run_env | {"CUDA_VISIBLE_DEVICES": gpus, "SUZAK_DRY_RUN": "1"}
     line = next(x for x in run_ok(["bash", "src/scripts/run_grpo_clevr.sh", *args], env).stdout.splitlines()
                 if x.startswith("dry run: "))  # fmt: skip
-    assert line.startswith("dry run: python -m suzak.runs.launch ") and f"--nproc_per_node {len(gpus.split(','))}" in line
+    assert (
+        line.startswith("dry run: python -m suzak.runs.launch ") and f"--nproc_per_node {len(gpus.split(','))}" in line
+    )
     assert ("--deepspeed" in line) == (deepspeed is not None)
     if deepspeed:
         assert line.count("--deepspeed") == 1 and f"--deepspeed {deepspeed}" in line.split(" --config ")[1]

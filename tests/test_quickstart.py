@@ -32,10 +32,22 @@ def test_smoke_run_writes_train_log_without_secrets(tmp_path, run_env):
                      "--output_dir", str(out)], env)  # fmt: skip
     log = (out / "train.log").read_text()
     assert "reward pre-flight passed" in result.stderr and "reward pre-flight passed" in log
-    assert re.search(r"INFO suzak\.train_log: step 2: \{.*'reward': ", log)  # the Trainer's metrics line
+    # one readable line per logged step, on the console and in train.log (the metrics dict: log_metrics_dict)
+    step_2 = r"step 2/2 \| reward \d\.\d{3} ± \d\.\d{3} \| len \d+ \| clip \d\.\d{3} \| loss \S+ \| \d+\.\d s/step"
+    assert re.search(r"INFO suzak\.train_log: " + step_2 + "$", log, re.M), log
+    assert re.search("^" + step_2 + "$", result.stdout, re.M) and "{'loss'" not in result.stdout + log, result.stdout
+    assert re.search(r"INFO suzak\.train_log: done: 2 steps in \d+s \(\d+\.\d s/step\)$", log, re.M)
     assert "model and processor saved to" in log and "smoke-***" in log
     assert SECRET not in log
     assert f"log: {out}/train.log" in result.stdout and f"python -m suzak.watch {out}" in result.stdout
+
+
+def test_log_metrics_dict_prints_the_trainers_dict_instead_of_the_step_line(tmp_path, run_env):
+    out = tmp_path / "raw"
+    result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/smoke.yaml", "--max_steps", "1",
+                     "--log_metrics_dict", "true", "--output_dir", str(out)], run_env)  # fmt: skip
+    assert re.search(r"^\{'loss': .*'reward': ", result.stdout, re.M) and "step 1/1 |" not in result.stdout
+    assert re.search(r"INFO suzak\.train_log: step 1: \{.*'reward': ", (out / "train.log").read_text())
 
 
 def test_a_failed_run_ends_its_train_log_with_the_error(tmp_path, run_env):

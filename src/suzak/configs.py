@@ -109,6 +109,12 @@ class SuzakArguments(VideoBudgetArguments):
                           "{enable_thinking: false})."},
     )  # fmt: skip
     preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
+    log_metrics_dict: bool = field(
+        default=False,
+        metadata={"help": "Print the Trainer's metrics dict at each logging step (console and train.log) instead of "
+                          "suzak's one line (step/total, reward ± std, eval accuracy, length, KL, clip, loss, s/step, "
+                          "ETA); every metric is in metrics.csv either way."},
+    )  # fmt: skip
     skip_bad_rows: bool = field(
         default=False,
         metadata={"help": "Rows that fail the validation before step 1 (an image that does not decode or fit, a gold "

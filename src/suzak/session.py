@@ -349,6 +349,7 @@ def _module_of(build: Callable) -> str:
 def _run(argv: list[str], parsed: tuple, build: Callable, release, log, module: str) -> None:
     """Resume, build, train, save and finish a parsed run; rank 0's ``log`` (train.log) records it."""
     from suzak.runs.faults import CheckpointMirror, StopOnSignal, state_settings
+    from suzak.runs.steps import readable_steps
 
     suzak_args, train_args, model_args = parsed
     resume = resolve_resume(train_args)  # a bad checkpoint stops the run before the model loads
@@ -357,8 +358,10 @@ def _run(argv: list[str], parsed: tuple, build: Callable, release, log, module: 
         use_wandb_run(train_args.output_dir, resumed=resume is not None)
     trainer = build(suzak_args, train_args, model_args)
     trainer.on_nonfinite = suzak_args.on_nonfinite
+    if not suzak_args.log_metrics_dict:
+        readable_steps(trainer)  # one line per logged step instead of the metrics dict
     if log is not None:
-        trainer.add_callback(log.callback())
+        trainer.add_callback(log.callback(raw=suzak_args.log_metrics_dict))
     stop = StopOnSignal(suzak_args.stop_signals) if suzak_args.stop_signals else None
     if stop is not None:
         trainer.add_callback(stop)  # before the markers: it decides at a step's end whether that step saves

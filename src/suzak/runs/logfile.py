@@ -70,14 +70,21 @@ class TrainLog:
         """The traceback of the exception being handled (the console shows it as Python prints it)."""
         self.file_only.error("the run stopped on an exception", exc_info=True)
 
-    def callback(self) -> TrainerCallback:
-        """A callback that writes each logged metrics dict (rank 0's) as one line."""
-        file_only = self.file_only
+    def callback(self, raw: bool = False) -> TrainerCallback:
+        """A callback that writes each logged step (rank 0's) as one line: the console's readable line
+        (:func:`suzak.runs.progress.step_line`), or with ``raw`` the Trainer's metrics dict."""
+        from suzak.runs.steps import StepClock, step_line
+
+        file_only, clock = self.file_only, StepClock()
 
         class MetricsLines(TrainerCallback):
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if state.is_world_process_zero and logs:
-                    file_only.info("step %d: %s", state.global_step, logs)
+                    step = state.global_step
+                    if raw:
+                        file_only.info("step %d: %s", step, logs)
+                    else:
+                        file_only.info("%s", step_line(logs, step, state.max_steps, clock.tick(step)))
 
         return MetricsLines()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from suzak import SuzakError
 from suzak.runs.logfile import LOG_FILE
 from suzak.runs.record import RUN_INFO_FILE, read_run_info
+from suzak.runs.steps import eta_seconds
 
 __all__ = ["CSVTail", "Progress", "before_after", "eta_seconds", "read_metrics", "read_progress", "seconds_per_step"]
 
@@ -124,17 +125,6 @@ def seconds_per_step(rows: list[dict], window: int = 20) -> float | None:
     if len(timed) < 2 or timed[-1][0] <= timed[0][0]:
         return None
     return (timed[-1][1] - timed[0][1]).total_seconds() / (timed[-1][0] - timed[0][0])
-
-
-def eta_seconds(step: int, max_steps: int | None, per_step: float | None) -> float | None:
-    """Seconds left: the steps still to run times the recent seconds per step; None when either is unknown.
-
-    >>> eta_seconds(87, 150, 0.5), eta_seconds(150, 150, 0.5), eta_seconds(10, None, 0.5), eta_seconds(10, 150, None)
-    (31.5, 0.0, None, None)
-    """
-    if max_steps is None or max_steps <= 0 or per_step is None:
-        return None
-    return max(max_steps - step, 0) * per_step
 
 
 @dataclass
