@@ -255,6 +255,27 @@ def test_zoom_recipe_trains_through_suzak_train(tmp_path, run_env):
     assert "<tool_call>" in (out / "chat_template.jinja").read_text()
 
 
+def test_the_held_out_eval_during_training_answers_through_the_tool_loop(zoom_prior_dir, tmp_path, run_env):
+    """A run with tools and eval_rows: the held-out rows are answered as the rollouts are, with the zoom (each
+    question's box in the model's frame), and the step's line gets eval/tool_calls beside eval/accuracy."""
+    import csv
+    import sys
+
+    from conftest import run_ok
+
+    out = tmp_path / "run"
+    run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/zoom_smoke.yaml", "--model_name_or_path",
+            str(zoom_prior_dir), "--max_steps", "1", "--eval_rows", "4", "--eval_steps", "1", "--output_dir",
+            str(out)], run_env)  # fmt: skip
+    with open(out / "metrics.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("eval/accuracy")]
+    assert [int(row["step"]) for row in rows] == [0, 1]  # the untrained model's baseline, then step 1
+    assert all(float(row["eval/tool_calls"]) >= 0.5 for row in rows), rows  # the prior's calls, in the eval too
+    with open(out / "eval_samples.csv", newline="") as file:
+        samples = list(csv.DictReader(file))
+    assert len(samples) == 8 and all("{box}" not in row["prompt"] and "[" in row["prompt"] for row in samples)
+
+
 @pytest.mark.parametrize(("side", "pixels"), [(224, 3136), (896, 50176)])  # the smoke recipe's, the self-test's
 def test_zoom_checks_hide_the_colour_from_the_whole_view_and_show_it_in_a_crop(side, pixels):
     """The zoom task's premise: fitted whole to a quarter of its side every colour's square is the same grey (to

@@ -134,8 +134,9 @@ def validated(dataset, suzak_args, train_args, budget):
     return dataset.select([i for i in range(len(dataset)) if i not in dropped])
 
 
-def build_eval_callback(suzak_args, args, heldout, processing_class, budget):
-    """The generation-eval callback for the held-out rows (None without them), scored by the first reward."""
+def build_eval_callback(suzak_args, args, heldout, processing_class, budget, toolset=None):
+    """The generation-eval callback for the held-out rows (None without them), scored by the first reward; with
+    ``toolset``, answered through the tool loop as the rollouts are."""
     from suzak.rewards import resolve_reward
     from suzak.runs.generation_eval import GenerationEvalCallback
 
@@ -150,7 +151,8 @@ def build_eval_callback(suzak_args, args, heldout, processing_class, budget):
         video_budget=suzak_args.video_budget(),
         batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
         chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
-        opening_in_completion=suzak_args.opening_in_completion,
+        opening_in_completion=suzak_args.opening_in_completion, toolset=toolset,
+        max_tool_calling_iterations=getattr(args, "max_tool_calling_iterations", None),
     )  # fmt: skip
 
 

@@ -62,7 +62,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         **trainer_kwargs,
     )
     session.add_first(trainer, build_eval_callback(suzak_args, grpo_args, heldout, trainer.processing_class,
-                                                   trainer.pixel_budget))  # fmt: skip
+                                                   trainer.pixel_budget, toolset))  # fmt: skip
     return trainer
 
 

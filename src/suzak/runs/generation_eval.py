@@ -1,8 +1,9 @@
 """Accuracy by generation during training: a ``TrainerCallback`` for GRPO and SFT, text and image prompts.
 
 Before the first step of a fresh run and every ``eval_steps`` it generates greedy answers for a fixed held-out sample with the evaluation engine
-(:class:`suzak.eval.engine.HFEngine`: same pixel budget, same vision-token suppression), scores them with the
-same reward function training uses, and
+(:class:`suzak.eval.engine.HFEngine`: same pixel budget, same vision-token suppression; a run with tools answers
+through the evaluation's tool loop, :mod:`suzak.eval.tool_loop`, and also logs ``eval/tool_calls``, calls per row),
+scores them with the same reward function training uses, and
 
 - logs ``eval/accuracy`` in the trainer's own log line of that step (it asks the trainer to log at that step and
   joins the line before the reporters see it), so W&B, TensorBoard and ``trainer_state.json`` get one row per
@@ -51,6 +52,8 @@ class GenerationEvalCallback(TrainerCallback):
         name: str = "eval/accuracy",
         chat_template_kwargs: dict | None = None,
         opening_in_completion: bool = False,
+        toolset=None,
+        max_tool_calling_iterations: int | None = None,
     ):
         if eval_steps <= 0:
             raise ValueError(f"eval_steps must be positive, got {eval_steps}")
@@ -65,6 +68,10 @@ class GenerationEvalCallback(TrainerCallback):
         self.name = name
         self.chat_template_kwargs = chat_template_kwargs
         self.opening_in_completion = opening_in_completion  # outputs are scored after the template's opening
+        # a run with tools answers through the evaluation's tool loop, as its rollouts do (suzak.eval.tool_loop)
+        self.toolset = toolset if toolset is not None and toolset.names else None
+        self.max_tool_calling_iterations = max_tool_calling_iterations
+        self.figures: dict[str, float] = {}  # the last evaluation's figures beside the accuracy (tool calls per row)
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
         # The trainer's ``log`` (set by :func:`suzak.session.add_first`): with it, a fresh run is also evaluated
@@ -84,19 +91,29 @@ class GenerationEvalCallback(TrainerCallback):
         engine.use_template(self.chat_template_kwargs, self.opening_in_completion)  # as the training rewards read
         if self.video_budget is not None:
             engine.use_video_budget(self.video_budget)  # training's frames and frame sizes
+        family = getattr(getattr(model, "config", None), "model_type", None)
+        engine.model_type = family  # (the tool loop's template and box frame)
+        # boxes in the question ({box}) and the rewards' frame: each row as training puts it to the model
+        rows = [with_box_frame(row, family, engine.budget) for row in self.rows]
         was_training = model.training
         model.eval()
         try:
-            outputs = engine.generate(self.rows)
+            if self.toolset is None:
+                outputs = engine.generate(rows)
+            else:
+                from suzak.eval.tool_loop import ToolLoop
+
+                loop = ToolLoop(engine, self.toolset, self.max_tool_calling_iterations)
+                records = loop.generate(rows)
+                outputs = [record["model_output"] for record in records]
+                self.figures["eval/tool_calls"] = sum(record["tool_calls"] for record in records) / len(records)
         finally:
             model.train(was_training)
-        family = getattr(getattr(model, "config", None), "model_type", None)  # box rewards read each row's frame
-        rows = [with_box_frame(row, family, engine.budget) for row in self.rows]
         columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "image", "images", "video")}
-        scores = self.scorer(completions=outputs, prompts=[r["prompt"] for r in self.rows], **columns)
+        scores = self.scorer(completions=outputs, prompts=[r["prompt"] for r in rows], **columns)
         table = [
             [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
-            for i, (row, output, score) in enumerate(zip(self.rows, outputs, scores, strict=True))
+            for i, (row, output, score) in enumerate(zip(rows, outputs, scores, strict=True))
         ]
         accuracy = sum(r[-1] for r in table) / len(table)
         return accuracy, table
@@ -143,7 +160,7 @@ class GenerationEvalCallback(TrainerCallback):
         if state.is_world_process_zero:
             self._append_csv(args.output_dir, table)
         logger.info("step %d: %s = %.4f on %d held-out rows", state.global_step, self.name, accuracy, len(table))
-        self._pending = {self.name: accuracy}
+        self._pending = {self.name: accuracy, **self.figures}
         self._pending_table = table
 
     def on_log(self, args, state, control, logs=None, **kwargs):
