@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("release", ("suzak.release.*",)),
     ("training", ("suzak.configs", "suzak.trainer", "suzak.session")),
     ("commands", ("suzak.train", "suzak.sft", "suzak.selftest", "suzak.watch", "suzak.tiny", "suzak.export",
-                  "suzak.plot")),
+                  "suzak.plot", "suzak.__main__")),
 ]  # fmt: skip
 
 
