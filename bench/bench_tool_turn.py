@@ -3,7 +3,7 @@
     python bench/bench_tool_turn.py                 # tiny Qwen2.5-VL, 16 rollouts a step, 6 steps per condition
     python bench/bench_tool_turn.py --table bench/results_tool_turn.jsonl
 
-The tiny model is first taught the zoom call on one place of the zoom task (``suzak.selftest.zoom_call_prior``, 80
+The tiny model is first taught the zoom call on one place of the zoom task (``suzak.selftest.small_zoom_prior``, 80
 SFT steps, untimed), so every rollout calls the zoom. Then, from copies of that model, two conditions with the same
 prompts (the tools' system turn included), the same first turn and the same settings:
 
@@ -39,23 +39,10 @@ FIELDS = ("condition", "rollouts", "s_per_step", "tool_loop_s", "zoom_ms_per_cal
 
 
 def run(args) -> list[dict]:
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from suzak.selftest import small_zoom_prior
 
-    from suzak.models.tiny import build_tiny_model
-    from suzak.models.tool_calling import prepare_tool_calling
-    from suzak.selftest import zoom_call_prior, zoom_dataset
-    from suzak.vision import PixelBudget, configure_processor
-
-    torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="suzak-bench-tools-"))
-    model_dir = build_tiny_model(tmp / "tiny")
-    processor = AutoProcessor.from_pretrained(model_dir)
-    prior = AutoModelForImageTextToText.from_pretrained(model_dir)
-    prepare_tool_calling(processor, prior.config.model_type)
-    budget = PixelBudget(3136, 3136).for_model(processor)
-    configure_processor(processor, budget)
-    zoom_call_prior(prior, processor, budget, list(zoom_dataset(64, 1, "grey", budget.factor, slots=1)), 80, tmp)
+    prior, processor, budget = small_zoom_prior(tmp)  # the default tiny model's vocabulary
     rows = [_condition(name, iterations, prior, processor, budget, args, tmp)
             for name, iterations in (("no_tool_turn", 0), ("tool_turn", 1))]  # fmt: skip
     base = rows[0]["s_per_step"]

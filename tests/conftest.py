@@ -110,26 +110,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 def zoom_prior_model(folder: Path, for_vllm: bool = False) -> Path:
-    """The tiny Qwen2.5-VL whose vocabulary knows the tool format (:func:`suzak.selftest.zoom_corpus`), after a short
-    SFT of the zoom call on the question's box of 224-pixel zoom rows seen at 2x2 tokens (80 steps; rollouts then
-    call the zoom), saved with its processor under ``folder``; ``for_vllm``: the shape vLLM's CPU build runs."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from suzak.models.tiny import TinyConfig, build_tiny_model
-    from suzak.models.tool_calling import prepare_tool_calling
-    from suzak.selftest import zoom_call_prior, zoom_corpus, zoom_dataset
-    from suzak.vision import PixelBudget, configure_processor
+    """:func:`suzak.selftest.small_zoom_prior` on the tiny Qwen2.5-VL whose vocabulary knows the tool format
+    (:func:`suzak.selftest.zoom_corpus`), saved with its processor under ``folder``; ``for_vllm``: the shape vLLM's
+    CPU build runs."""
+    from suzak.models.tiny import TinyConfig
+    from suzak.selftest import small_zoom_prior, zoom_corpus
 
     tiny = TinyConfig.shaped("qwen2_5_vl", for_vllm=for_vllm, extra_corpus=zoom_corpus("qwen2_5_vl"))
-    model_dir = build_tiny_model(folder / "tiny", tiny)
-    torch.manual_seed(0)
-    processor = AutoProcessor.from_pretrained(model_dir)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir)
-    prepare_tool_calling(processor, model.config.model_type)
-    budget = PixelBudget(3136, 3136).for_model(processor)
-    configure_processor(processor, budget)
-    zoom_call_prior(model, processor, budget, list(zoom_dataset(64, 1, "grey", budget.factor, slots=1)), 80, folder)
+    model, processor, _ = small_zoom_prior(folder, tiny)
     saved = folder / "prior_model"
     model.save_pretrained(saved)
     processor.save_pretrained(saved)
