@@ -402,8 +402,8 @@ def test_unknown_family_is_one_line_naming_model_type_and_families(tmp_path):
 def test_unknown_family_from_the_command_line(tmp_path, run_env):
     folder = _unknown_family_folder(tmp_path)
     result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/smoke.yaml",
-                             "--model_name_or_path", str(folder)], cwd=ROOT, env=run_env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+                             "--model_name_or_path", str(folder), "--output_dir", str(tmp_path / "out")], cwd=ROOT,
+                            env=run_env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 1 and "Traceback" not in result.stderr and "loaded " not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(
