@@ -854,16 +854,15 @@ def unsuppressed_tokens(trainer, engine) -> list[str]:
 def _heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> tuple[float, list[str]]:
     """(accuracy of greedy answers on unseen aligned rows through the evaluation engine, unsuppressed tokens); with
     ``toolset``, answered through the evaluation's tool loop (:mod:`suzak.eval.tool_loop`) as training rolled out."""
+    from suzak.boxes import with_box_frame
     from suzak.eval.engine import HFEngine
 
     engine = HFEngine(trainer.model, trainer.processing_class, trainer.pixel_budget, batch_size=64,
                       max_new_tokens=config.spec.max_completion_length, progress=False)  # fmt: skip
     engine.use_video_budget(trainer.video_budget)
     engine.model_type = trainer.model_type  # as suzak.eval's runner sets it (box frames, the tool loop)
-    if config.task in ("grounding", "zoom"):  # boxes in the answer or the question: in the model's frame, as trained
-        from suzak.boxes import with_box_frame
-
-        rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
+    # each row as training puts it to the model: boxes in the question (zoom) and the answer's frame (grounding)
+    rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
     trainer.model.eval()
     if toolset is None:
         outputs = engine.generate(rows)

@@ -649,11 +649,8 @@ class TrainerHooks:
         ``from_pretrained`` renames it (``transformers.core_model_loading.rename_source_key``), and a key still
         missing is an error, never a silent fresh start.
         """
-        self._reloading = True  # its "missing keys" warning is about the load repaired below
-        try:
+        with self._reloading_weights():
             super()._load_from_checkpoint(resume_from_checkpoint, model)
-        finally:
-            self._reloading = False
         self._load_converted_weights(resume_from_checkpoint, self.model if model is None else model,
                                      "resume_from_checkpoint", "resumed")  # fmt: skip
 
@@ -661,18 +658,24 @@ class TrainerHooks:
         """The Trainer's ``load_best_model_at_end``, then the best checkpoint's weights loaded again with the model's
         key conversion: the Trainer's own load has the resume's flaw (:meth:`_load_from_checkpoint`), so the model
         saved at the end was the last step's, not the best one's, after a warning."""
-        self._reloading = True
-        try:
+        with self._reloading_weights():
             super()._load_best_model()
-        finally:
-            self._reloading = False
         self._load_converted_weights(self.state.best_model_checkpoint, self.model, "load_best_model_at_end",
                                      "best model's")  # fmt: skip
 
+    @contextmanager
+    def _reloading_weights(self):
+        """While the Trainer's own load runs: its "missing keys" warning is about the load repaired after it."""
+        self._reloading = True
+        try:
+            yield
+        finally:
+            self._reloading = False
+
     def _load_converted_weights(self, folder: str, model, flag: str, what: str) -> None:
         """``folder``'s ``model.safetensors`` (or shards) into ``model``, each key renamed as ``from_pretrained``
-        renames it; a weight the folder lacks stops the run (one line naming ``flag``). DeepSpeed, FSDP and PEFT models load their
-        own formats (PEFT models are no ``PreTrainedModel``: adapters load themselves)."""
+        renames it; a weight the folder lacks stops the run (one line naming ``flag``). DeepSpeed, FSDP and PEFT
+        models load their own formats (PEFT models are no ``PreTrainedModel``: adapters load themselves)."""
         import json
         import os
 

@@ -33,13 +33,14 @@ from typing import NamedTuple
 from suzak import SuzakError
 
 __all__ = [
+    "LANGUAGE_MODEL_TARGETS",
     "MODULES_FLAG",
     "PARAMETERS_FLAG",
     "TargetRow",
     "check_lora_targets",
     "count_targets",
     "format_table",
-    "language_model_targets",
+    "language_model_linear_names",
     "main",
     "meta_model",
     "with_default_targets",
@@ -157,10 +158,13 @@ def _miss(model, row: TargetRow) -> str:
     return line
 
 
-def language_model_targets(model) -> str | None:
-    r"""PEFT's regular expression for every linear layer of ``model``'s language model: the linear layers that PEFT's
-    ``all-linear`` finds (the output head left out) whose names are outside the vision tower (``visual``). None when
-    the model has none.
+# PEFT's whole-name regular expression for modules of those names outside the vision tower (``visual``)
+LANGUAGE_MODEL_TARGETS = r"(?!(.*\.)?visual\.).*\.({})"
+
+
+def language_model_linear_names(model) -> list[str]:
+    r"""The names of the linear layers of ``model``'s language model: those PEFT's ``all-linear`` finds (the output head
+    left out) outside the vision tower (``visual``), by their last name part.
 
     >>> import torch
     >>> class Tower(torch.nn.Module):
@@ -168,32 +172,27 @@ def language_model_targets(model) -> str | None:
     ...         super().__init__()
     ...         self.visual, self.layers = torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2)}), torch.nn.ModuleDict(
     ...             {"q_proj": torch.nn.Linear(2, 2), "up_proj": torch.nn.Linear(2, 2)})
-    >>> print(language_model_targets(Tower()))
-    (?!(.*\.)?visual\.).*\.(q_proj|up_proj)
+    >>> names = language_model_linear_names(Tower()); print(names, LANGUAGE_MODEL_TARGETS.format("|".join(names)))
+    ['q_proj', 'up_proj'] (?!(.*\.)?visual\.).*\.(q_proj|up_proj)
     """
     from peft import LoraConfig
     from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
 
     linear = _maybe_include_all_linear_layers(LoraConfig(target_modules="all-linear"), model).target_modules
-    names = sorted({name.rsplit(".", 1)[-1] for name in linear if ".visual." not in f".{name}."})  # full names
-    return rf"(?!(.*\.)?visual\.).*\.({'|'.join(names)})" if names else None
+    return sorted({name.rsplit(".", 1)[-1] for name in linear if ".visual." not in f".{name}."})  # full names
 
 
-def with_default_targets(model, peft_config):
-    """``peft_config`` with LoRA on the language model's linear layers (:func:`language_model_targets`) when it names
-    no target and PEFT has no default for the model type (none for the Qwen VL families), said in one log line; as
-    it was otherwise. The vision tower is not adapted, as suzak's LoRA recipes do."""
+def with_default_targets(model, peft_config) -> list[str]:
+    """Put LoRA on the language model's linear layers (:func:`language_model_linear_names`) in ``peft_config`` when it
+    names no target and PEFT has no default for the model type (none for the Qwen VL families); returns the layer
+    names it targeted, [] when it left the config as it was. The vision tower is not adapted, as suzak's LoRA
+    recipes do."""
     if (peft_config is None or getattr(peft_config, "target_modules", False) is not None
             or getattr(peft_config, "target_parameters", None) or _default_modules(model)):  # fmt: skip
-        return peft_config
-    if (targets := language_model_targets(model)) is None:
-        return peft_config
-    peft_config.target_modules = targets
-    (row,) = count_targets(model, targets, peft_config=peft_config)
-    logger.info("use_peft with no %s: LoRA on the language model's %d linear layers (%s), not on the vision tower; "
-                "name targets to change it", MODULES_FLAG, len(row.matched), targets.rsplit("(", 1)[-1][:-1].replace(
-                    "|", ", "))  # fmt: skip
-    return peft_config
+        return []
+    if names := language_model_linear_names(model):
+        peft_config.target_modules = LANGUAGE_MODEL_TARGETS.format("|".join(names))
+    return names
 
 
 def check_lora_targets(model, peft_config) -> list[TargetRow]:
@@ -203,7 +202,7 @@ def check_lora_targets(model, peft_config) -> list[TargetRow]:
     (:func:`with_default_targets`, in place)."""
     if peft_config is None or not hasattr(peft_config, "target_modules"):
         return []
-    with_default_targets(model, peft_config)
+    defaulted = with_default_targets(model, peft_config)
     modules, parameters = peft_config.target_modules, getattr(peft_config, "target_parameters", None)
     if parameters and (getattr(peft_config, "lora_dropout", 0) or getattr(peft_config, "use_dora", False)):
         # PEFT's ParamWrapper raises on either, as a traceback from inside the trainer's constructor.
@@ -217,6 +216,9 @@ def check_lora_targets(model, peft_config) -> list[TargetRow]:
                          f"--{MODULES_FLAG} q_proj k_proj v_proj o_proj (or all-linear)")  # fmt: skip
     if misses := [row for row in rows if not row.matched]:
         raise SuzakError("; ".join(_miss(model, row) for row in misses) + ": LoRA would not train what it names")
+    if defaulted:
+        logger.info("use_peft with no %s: LoRA on the language model's %d linear layers (%s), not on the vision "
+                    "tower; name targets to change it", MODULES_FLAG, len(rows[0].matched), ", ".join(defaulted))  # fmt: skip
     default = " (PEFT's default for the model type)" if modules is None and rows[0].flag == MODULES_FLAG else ""
     logger.info("LoRA targets%s: %s", default, ", ".join(
         f"{row.flag} {row.target}: {len(row.matched)} {'modules' if row.flag == MODULES_FLAG else 'parameters'} "

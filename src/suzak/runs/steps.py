@@ -94,16 +94,18 @@ def readable_steps(trainer) -> None:
 
     clock = StepClock()
 
+    def line(state, logs: dict) -> str:
+        return step_line(logs, state.global_step, state.max_steps, clock.tick(state.global_step))
+
     class StepLines(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs and self.training_bar is not None:
-                self.training_bar.write(step_line(logs, state.global_step, state.max_steps, clock.tick(
-                    state.global_step)))  # fmt: skip
+                self.training_bar.write(line(state, logs))
 
-    class StepPrinter(PrinterCallback):
+    class StepPrinter(PrinterCallback):  # the console line PrinterCallback prints, as it prints it
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs:
-                print(step_line(logs, state.global_step, state.max_steps, clock.tick(state.global_step)), flush=True)
+                print(line(state, logs), flush=True)
 
     for callback in list(trainer.callback_handler.callbacks):
         if type(callback) is ProgressCallback:
