@@ -180,7 +180,7 @@ def zoom_rollouts(model_dir, tmp_path, env: dict, vllm: bool = False) -> dict:
 def check_zoom_rollouts(record: dict) -> None:
     """The calls were parsed and answered with crops of the original image (224 pixels a side, not the 56-pixel
     view), the crops joined the next turn and the training forward, the tool turns carried no loss, the failed calls
-    were counted by reason, and every step's loss is finite."""
+    were counted by reason, every step's loss is finite, and W&B's completions table shows each turn and crop."""
     assert record["seen"] and {tuple(size) for size in record["seen"]} == {(224, 224)}
     logs = [entry for entry in record["logs"] if "loss" in entry]
     assert len(logs) == 2 and all(math.isfinite(entry["loss"]) for entry in logs)
@@ -191,6 +191,11 @@ def check_zoom_rollouts(record: dict) -> None:
     crops = [box for rollout in record["crops"] for box in rollout]  # completions.csv's zoom_crops, every rollout
     assert len(record["crops"]) == 8 and crops and all(0 <= a < c <= 224 and 0 <= b < d <= 224 for a, b, c, d in crops)
     assert all(batch["post_tool_tokens"] > 0 for batch in answered)  # the model went on after seeing the crop
+    # the W&B table (offline run, log_completions): every turn as text, the prompt's image and then each crop
+    rows = [dict(zip(table["columns"], row, strict=True)) for table in record["tables"] for row in table["data"]]
+    assert rows and any("[zoom] <image>" in row["completion"] for row in rows)
+    assert all(len(row["image"]) == 1 + len(json.loads(row["zoom_crops"])) for row in rows)
+    assert any(len(row["image"]) > 1 for row in rows)
 
 
 def test_grpo_with_zoom_runs_multi_turn_rollouts_with_hf(zoom_prior_dir, tmp_path, run_env):

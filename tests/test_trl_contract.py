@@ -82,6 +82,19 @@ def test_logs_layout_read_by_completion_rows():
         assert f'"{key}": defaultdict(lambda: deque(maxlen=args.generation_batch_size))' in source
 
 
+def test_logs_images_hold_each_rollouts_tool_images():
+    """The W&B table's image column shows each rollout's crops after its prompt's images, as TRL builds it: the tool
+    images are appended to each rollout's images, which TRL gathers into ``_logs["images"]`` (with
+    ``log_multimodal``) and turns into the table's column in ``log``; ``log`` makes the completions text first."""
+    generate = inspect.getsource(GRPOTrainer._generate)
+    assert "images = [(existing or []) + new for existing, new in zip(images, tool_images, strict=True)]" in generate
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert 'self._logs["images"].extend(gather_object(images))' in score and "if images is not None and self.log_multimodal" in score
+    log = inspect.getsource(GRPOTrainer.log)
+    assert 'for image_list in self._logs["images"]:' in log
+    assert '"completion": [strip_images_from_messages(messages) for messages in self._logs["completion"]],' in log
+
+
 def test_reward_call_kwargs_match_calculate_rewards():
     """The pre-flight calls rewards with ``suzak.trl_internals.reward_call_kwargs``: TRL's own set of names."""
     from suzak.trl_internals import REWARD_CALL_KWARGS

@@ -7,6 +7,7 @@ gaps (with vLLM)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,10 +35,14 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
     configure_processor(processor, budget)
     factor = budget.factor
     settings = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 1024} if vllm else {}
+    for name in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):  # an offline W&B run's table
+        os.environ[name] = str(out / name.lower())
+        os.makedirs(os.environ[name], exist_ok=True)
+    os.environ["WANDB_MODE"] = "offline"
     args = GRPOConfig(output_dir=str(out / "grpo"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=160, max_tool_calling_iterations=1, temperature=0.5, learning_rate=1e-4,
-                      logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, bf16=False,
-                      **settings)  # fmt: skip
+                      logging_steps=1, save_strategy="no", report_to="wandb", log_completions=True, use_cpu=True,
+                      disable_tqdm=True, bf16=False, **settings)  # fmt: skip
     trainer = VLMGRPOTrainer(model=model, reward_funcs=[word_match], args=args, processing_class=processor,
                              train_dataset=zoom_dataset(16, 2, factor=factor, slots=1), pixel_budget=budget,
                              sampler_guard=SamplerGuard(every=1, rows=4),
@@ -65,7 +70,8 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
     ZoomEnvironment.reset = spy_reset
     trainer.train()
     record = {"logs": trainer.state.log_history, "seen": seen, "batches": batches,
-              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps], "crops": crops}  # fmt: skip
+              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps], "crops": crops,
+              "tables": [json.loads(path.read_text()) for path in sorted((out / "wandb_dir").rglob("completions_*.table.json"))]}  # fmt: skip
     Path(output).write_text(json.dumps(record), encoding="utf-8")
 
 

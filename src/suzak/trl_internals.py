@@ -924,16 +924,20 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         super()._log_completion_extra(column, values)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """With ``log_completions``, prompts are plain text (``<image>`` for an image) while TRL builds its table:
-        W&B types a table column from its values and rejects VLM prompts, whose content parts differ in shape."""
+        """With ``log_completions``, prompts and completions are plain text (``<image>`` for an image, each tool call
+        and tool turn on its own line) while TRL builds its table: W&B types a table column from its values and
+        rejects VLM prompts, whose content parts differ in shape, and TRL's parquet copy of the table fails on a
+        multi-turn completion (pyarrow: "cannot mix list and non-list"). TRL's image column already holds each
+        rollout's tool images (the zoom's crops) after its prompt's."""
         if not self.log_completions:
             return super().log(logs, start_time)
-        prompts = self._logs["prompt"]
+        prompts, completions = self._logs["prompt"], self._logs["completion"]
         self._logs["prompt"] = deque((message_text(p) for p in prompts), maxlen=prompts.maxlen)
+        self._logs["completion"] = deque((message_text(c) for c in completions), maxlen=completions.maxlen)
         try:
             super().log(logs, start_time)
         finally:
-            self._logs["prompt"] = prompts
+            self._logs["prompt"], self._logs["completion"] = prompts, completions
 
     def _check_sampler(self, batch: dict[str, Any]) -> None:
         """The stale-sampler guard (:class:`SamplerGuard`) on the batch TRL just generated with vLLM and scored:
