@@ -89,7 +89,10 @@ def test_logs_images_hold_each_rollouts_tool_images():
     generate = inspect.getsource(GRPOTrainer._generate)
     assert "images = [(existing or []) + new for existing, new in zip(images, tool_images, strict=True)]" in generate
     score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    assert 'self._logs["images"].extend(gather_object(images))' in score and "if images is not None and self.log_multimodal" in score
+    assert (
+        'self._logs["images"].extend(gather_object(images))' in score
+        and "if images is not None and self.log_multimodal" in score
+    )
     log = inspect.getsource(GRPOTrainer.log)
     assert 'for image_list in self._logs["images"]:' in log
     assert '"completion": [strip_images_from_messages(messages) for messages in self._logs["completion"]],' in log
