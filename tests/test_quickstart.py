@@ -159,5 +159,5 @@ def test_ci_runs_the_readmes_test_commands():
     ci = {
         line.replace(" -q", "").strip() for line in (ROOT / ".ci/run").read_text().splitlines() if "-m pytest" in line
     }
-    assert ci == {".venv/bin/python -m pytest -n auto", ".venv-vllm/bin/python -m pytest -m vllm"}
+    assert ci == {".venv/bin/python -m pytest -n auto", ".venv-vllm/bin/python -m pytest -n auto -m vllm"}
     assert ci <= commands

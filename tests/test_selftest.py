@@ -353,6 +353,22 @@ def test_grounding_selftest_scores_boxes_in_the_models_frame():
 
 
 @pytest.mark.slow
+def test_zoom_selftest_learns_to_look_where_the_no_tool_control_cannot(tmp_path):
+    """Thinking with images: with the zoom the policy learns to read the checks in its crops (held-out accuracy
+    through the evaluation's tool loop) far above the third a guess gets; the same images without the tool stay at a
+    third, and the held-out accuracy passes the best the control reached (settings and curves: docs/tools.md)."""
+    report_path = tmp_path / "zoom.json"
+    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--task", "zoom", "--seed", "0",
+                             "--json", str(report_path)], capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["task"] == "zoom" and report["passed"] and report["unsuppressed_in_eval"] == []
+    assert report["aligned_accuracy"] >= 0.6 and report["control_accuracy"] <= 0.47
+    best_control = max([*report["detail"]["windows"]["no_tool"], report["detail"]["heldout"]["no_tool"]])
+    assert report["heldout_accuracy"] >= 0.6 > best_control
+
+
+@pytest.mark.slow
 def test_grounding_selftest_learns_boxes_aligned_but_not_shuffled(tmp_path):
     """Boxes in the family's frame through a 4x resize: mean IoU climbs far above the 0.25 of a guess with aligned
     images and stays there with shuffled ones, held-out greedy answers through the evaluation engine alike

@@ -281,7 +281,7 @@ def test_the_held_out_eval_during_training_answers_through_the_tool_loop(zoom_pr
     assert len(samples) == 8 and all("{box}" not in row["prompt"] and "[" in row["prompt"] for row in samples)
 
 
-@pytest.mark.parametrize(("side", "pixels"), [(224, 3136), (896, 50176)])  # the smoke recipe's, the self-test's
+@pytest.mark.parametrize(("side", "pixels"), [(224, 3136), (448, 12544), (896, 50176)])  # smoke recipe, self-test, 8x8
 def test_zoom_checks_hide_the_colour_from_the_whole_view_and_show_it_in_a_crop(side, pixels):
     """The zoom task's premise: fitted whole to a quarter of its side every colour's square is the same grey (to
     within 2 of 255; up to 5 on the square's rim at 896), while a crop of the square at the same budget is the checks themselves (cells of 2 pixels at

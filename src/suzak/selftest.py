@@ -22,9 +22,9 @@ Qwen2.5-VL's 28-pixel tokens, 64×64 at Qwen3-VL's 32). Two tasks:
   at IoU >= 0.75 and ``box_format``; the figure is the mean ``iou`` (logged at weight 0). A continuous IoU reward
   pays the whole-image box 0.25 whatever the image, as much as a guess of one cell, and GRPO settles there; IoU >=
   0.5 pays a two-cell box half the time; at 0.75 only the right cell scores.
-- ``zoom``: thinking with images (docs/tools.md). "What colour are the checks in [box]?" over 896-pixel images
-  seen at 8x8 tokens, where the square checked in two colours that average to grey is grey
-  (:mod:`suzak.data.zoom`); the policy may call the zoom, whose crop of the original (8x8 tokens too) shows the
+- ``zoom``: thinking with images (docs/tools.md). "What colour are the checks in [box]?" over 448-pixel images
+  seen at 4x4 tokens, where the square checked in two colours that average to grey is grey
+  (:mod:`suzak.data.zoom`); the policy may call the zoom, whose crop of the original (4x4 tokens too) shows the
   checks. Multi-turn GRPO with the registry's ``word_match``; the tiny tokenizer also learns the family's tool
   format (:func:`zoom_corpus`); a call prior first (:func:`zoom_call_prior`).
 
@@ -188,16 +188,17 @@ TASKS: dict[str, TaskSpec] = {
         beta=0.3,
         vllm_shape=True,
     ),  # fmt: skip
-    # Thinking with images (docs/tools.md): 896-pixel images seen at 8x8 tokens, where the checked square is grey;
-    # the zoom's crop of it (8x8 tokens, the same budget) shows the checks. The prior teaches the call (300 SFT
+    # Thinking with images (docs/tools.md): 448-pixel images seen at 4x4 tokens, where the checked square is grey;
+    # the zoom's crop of it (4x4 tokens, the same budget) shows the checks. The prior teaches the call (300 SFT
     # steps, cosine) and a colour at random after a grey crop; beta 0.3 keeps the calls; the control answers the
-    # same images without the tool, after a colour-word prior. Measured (docs/tools.md): PASS, 0.90 over the last
-    # 10 steps and held-out 1.000 against the control's 0.31 and 0.355; at constant lr the policy collapsed after
-    # step ~220 (0.19 at 241-250), as counting does, so cosine.
+    # same images without the tool, after a colour-word prior. Measured (docs/tools.md): PASS, 0.87 over the last
+    # 10 steps at 150 steps and held-out 1.000 (250 steps: 0.97); at 8x8 tokens the reward stayed at chance for
+    # ~110 steps and needed 250 at ~2x the cost a step; at constant lr the policy collapsed after step ~220, as
+    # counting does, so cosine.
     "zoom": TaskSpec(
-        250,
+        150,
         1e-3,
-        (8, 8),
+        (4, 4),
         256,
         1 / 3,
         0.55,
@@ -219,7 +220,7 @@ TASKS: dict[str, TaskSpec] = {
 GROUNDING_GRID = 2  # cells per side of the grounding task's images
 GROUNDING_THRESHOLD = 0.75  # rec_accuracy's IoU threshold in the grounding task (see the module's docstring)
 ZOOM_SLOTS = 4  # places of the zoom task's checked square (the four central cells of its 4x4 grid)
-ZOOM_PRIOR_ROWS = 1280  # distinct grey rows of the zoom task's priors (896-pixel images: held in memory at once)
+ZOOM_PRIOR_ROWS = 1280  # distinct grey rows of the zoom task's priors (448-pixel images: held in memory at once)
 
 
 @dataclass
@@ -318,12 +319,14 @@ def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: i
     return datasets.Dataset.from_list([row | {"image": grey} for row in dataset])
 
 
-def zoom_dataset(num_rows: int, seed: int, images: str = "aligned", factor: int = 28, slots: int = 4, scale: int = 1):
+def zoom_dataset(num_rows: int, seed: int, images: str = "aligned", factor: int = 28, slots: int = 4, scale: int = 1,
+                 tokens: int = 8):  # fmt: skip
     """Rows {prompt, image, solution, question_boxes} of the zoom task (:func:`suzak.data.zoom.zoom_checks`): images
-    8 visual tokens of ``factor`` pixels a side, the checked square (2 tokens a side) in one of ``slots`` places."""
+    ``tokens`` visual tokens of ``factor`` pixels a side (drawn ``scale`` times larger), the checked square (a
+    quarter of the side) in one of ``slots`` places."""
     from suzak.data.zoom import zoom_checks
 
-    return zoom_checks(num_rows, seed=seed, images=images, side=8 * factor * scale, slots=slots)
+    return zoom_checks(num_rows, seed=seed, images=images, side=tokens * factor * scale, slots=slots)
 
 
 def zoom_corpus(family: str, repeats: int = 4) -> list[str]:
@@ -540,9 +543,9 @@ def _datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int)
         return (color_dataset(config.rows, config.seed, images, size[0]),
                 color_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size[0]))  # fmt: skip
     if config.task == "zoom":  # the control (no_tool) sees the same images
-        return (zoom_dataset(config.rows, config.seed, "aligned", factor, ZOOM_SLOTS, config.spec.image_scale),
-                zoom_dataset(config.heldout_rows, config.seed + 10_000, "aligned", factor, ZOOM_SLOTS,
-                             config.spec.image_scale))  # fmt: skip
+        shape = (factor, ZOOM_SLOTS, config.spec.image_scale, config.spec.image_tokens[0])
+        return (zoom_dataset(config.rows, config.seed, "aligned", *shape),
+                zoom_dataset(config.heldout_rows, config.seed + 10_000, "aligned", *shape))  # fmt: skip
     if config.task == "grounding":
         side = size[0] * config.spec.image_scale
         return (grounding_dataset(config.rows, config.seed, images, side),
@@ -624,7 +627,7 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
 def _zoom_prior_rows(config: SelfTestConfig, budget: PixelBudget) -> list[dict]:
     """The zoom task's grey rows for its priors (:data:`ZOOM_PRIOR_ROWS` of them, cycled over the prior's steps)."""
     return list(zoom_dataset(ZOOM_PRIOR_ROWS, config.seed + 20_000, "grey", budget.factor, ZOOM_SLOTS,
-                             config.spec.image_scale))  # fmt: skip
+                             config.spec.image_scale, config.spec.image_tokens[0]))  # fmt: skip
 
 
 def _zoom_answer_rows(config: SelfTestConfig, budget: PixelBudget) -> list[dict]:
@@ -965,7 +968,7 @@ def _schedules() -> str:
     """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 150, counting 300, video 150, grounding 120, zoom 250; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    'color 150, counting 300, video 150, grounding 120, zoom 150; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
