@@ -471,11 +471,11 @@ def test_render_prompt_reaches_each_familys_vocabulary(loaded):
 
 
 def test_tiny_command_builds_each_family(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "suzak.tiny", "--output", str(tmp_path / "m"), "--family",
+    result = subprocess.run([sys.executable, "-m", "suzak", "tiny", "--output", str(tmp_path / "m"), "--family",
                              "qwen3_5"], cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True,
                             timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "qwen3_5"
-    bad = subprocess.run([sys.executable, "-m", "suzak.tiny", "--output", str(tmp_path / "n"), "--family", "qwen4"],
+    bad = subprocess.run([sys.executable, "-m", "suzak", "tiny", "--output", str(tmp_path / "n"), "--family", "qwen4"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "invalid choice: 'qwen4'" in bad.stderr

@@ -172,7 +172,7 @@ def train_env(run_env, monkeypatch, tmp_path):
 
 def test_grpo_lora_on_the_experts_trains_their_adapters(train_env, tmp_path):
     """Two GRPO steps with --lora_target_parameters: every expert adapter changes, the experts themselves do not; the
-    saved adapter holds them and ``python -m suzak.export lora`` merges them into the experts."""
+    saved adapter holds them and ``suzak export lora`` merges them into the experts."""
     from peft.tuners.lora.layer import ParamWrapper
     from safetensors import safe_open
     from transformers import AutoModelForImageTextToText

@@ -143,7 +143,7 @@ def write_metrics(folder: Path, steps: int = 5) -> Path:
 
 def test_plot_command_writes_nonempty_pngs(tmp_path):
     write_metrics(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "suzak.plot", str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "suzak", "plot", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == sorted(["rewards.png", "accuracy.png", "kl.png", "completion_length.png", "clip_ratio.png",
@@ -163,7 +163,7 @@ def test_plot_skips_unlogged_metrics_and_reads_old_runs(tmp_path):
 
 
 def test_plot_without_metrics_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "suzak.plot", str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "suzak", "plot", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 1 and result.stderr.strip().startswith("error: no metrics.csv")
 
 

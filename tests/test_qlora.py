@@ -132,7 +132,7 @@ def test_qlora_command_export_eval_and_release(tmp_path, run_env, eval_fixture_d
     assert run_info["launches"][-1]["status"] == "completed"
 
     merged = tmp_path / "merged"
-    run_ok([sys.executable, "-m", "suzak.export", "lora", str(out), "--output", str(merged)], run_env)
+    run_ok([sys.executable, "-m", "suzak", "export", "lora", str(out), "--output", str(merged)], run_env)
     assert "quantization_config" not in json.loads((merged / "config.json").read_text())
     base = AutoModelForImageTextToText.from_pretrained(config["base_model_name_or_path"])  # the unquantized tiny
     adapted = PeftModel.from_pretrained(base, str(out)).eval()

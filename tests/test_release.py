@@ -149,7 +149,7 @@ def test_release_of_a_checkpoint_reads_its_run_dir(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize(
     ("setup", "message"),
-    [("zero", "holds DeepSpeed ZeRO shards but no safetensors weights: export it first with `python -m suzak.export zero"),
+    [("zero", "holds DeepSpeed ZeRO shards but no safetensors weights: export it first with `suzak export zero"),
      ("bad_eval", "is not an evaluation results file"),
      ("bad_repo", "is not USER/NAME")],
 )  # fmt: skip

@@ -131,7 +131,7 @@ def test_text_model_grpo_resume_sft_lora_eval_and_release(tmp_path, run_env):
             "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj",
             "--max_steps", "2", "--save_strategy", "no", "--output_dir", str(lora)], run_env)  # fmt: skip
     assert json.loads((lora / "adapter_config.json").read_text())["base_model_name_or_path"] == str(sft)
-    result = run_ok([sys.executable, "-m", "suzak.export", "lora", str(lora)], run_env)
+    result = run_ok([sys.executable, "-m", "suzak", "export", "lora", str(lora)], run_env)
     merged = Path(f"{lora}-merged")
     assert "load with AutoModelForCausalLM" in result.stdout and "suzak.eval gsm8k" in result.stdout
     results = tmp_path / "gsm8k.json"

@@ -93,7 +93,7 @@ def test_mrope_sections_follow_from_any_hidden_size(family, hidden_size, section
 
 
 def test_cli_builds_any_hidden_size_and_the_vllm_size(tmp_path):
-    """``python -m suzak.tiny --hidden_size 128`` was a traceback (mrope_section [2, 3, 3] for head_dim 32)."""
+    """``suzak tiny --hidden_size 128`` was a traceback (mrope_section [2, 3, 3] for head_dim 32)."""
     import json
 
     from suzak.models.tiny import main

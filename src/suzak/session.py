@@ -275,7 +275,7 @@ def _finish(trainer, release) -> None:
         written = plot_run(output_dir)
         logger.info("plots: %s", ", ".join(str(path) for path in written))
     except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a finished run; said, not hidden
-        logger.warning("plots failed (%s: %s); retry with `python -m suzak.plot %s`", type(error).__name__, error,
+        logger.warning("plots failed (%s: %s); retry with `suzak plot %s`", type(error).__name__, error,
                        output_dir)  # fmt: skip
     summary = before_after(output_dir)
     if summary:

@@ -341,7 +341,7 @@ def adapter_base(path: str | Path) -> str | None:
     base = json.loads(config_file.read_text()).get("base_model_name_or_path")
     if not base:
         raise SuzakError(f"{config_file} names no base_model_name_or_path: cannot tell which model the adapter is for "
-                         "(`python -m suzak.export lora` takes --base_model)")  # fmt: skip
+                         "(`suzak export lora` takes --base_model)")  # fmt: skip
     return base
 
 

@@ -30,10 +30,10 @@ two text families (:data:`TEXT`) stand in for the text-only checkpoints a user t
 Qwen3): a plain causal LM with the same offline tokenizer layout (Qwen's vocabulary has the vision placeholders
 too) and the model's own chat template, and no processor: ``AutoTokenizer`` and ``AutoModelForCausalLM`` load them.
 
-    python -m suzak.tiny --output outputs/tiny-qwen2.5-vl
-    python -m suzak.tiny --output outputs/tiny-qwen3-vl --family qwen3_vl
-    python -m suzak.tiny --output outputs/tiny-vllm --vllm             # head_dim 32: what vLLM's CPU build runs
-    python -m suzak.tiny --output outputs/tiny-qwen2.5 --family qwen2_5_text   # a text-only causal LM
+    suzak tiny --output outputs/tiny-qwen2.5-vl
+    suzak tiny --output outputs/tiny-qwen3-vl --family qwen3_vl
+    suzak tiny --output outputs/tiny-vllm --vllm                       # head_dim 32: what vLLM's CPU build runs
+    suzak tiny --output outputs/tiny-qwen2.5 --family qwen2_5_text             # a text-only causal LM
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ def build_tiny_model(output: str | Path, config: TinyConfig | None = None) -> Pa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m suzak.tiny", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="suzak tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="folder to write the model, tokenizer and processor to")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the tokenizer corpus")
     parser.add_argument("--vllm", action="store_true",

@@ -1,2 +1,2 @@
 """Releasing a trained model: the release folder and Hub upload (``python -m suzak.release``), its model card, and
-exporting DeepSpeed or LoRA checkpoints to plain model folders (``python -m suzak.export``)."""
+exporting DeepSpeed or LoRA checkpoints to plain model folders (``suzak export``)."""

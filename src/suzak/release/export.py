@@ -1,7 +1,7 @@
 """Exporting checkpoints to plain Hugging Face model folders that the Auto classes, vLLM and ``suzak.eval`` load.
 
-    python -m suzak.export zero outputs/run/checkpoint-100 [--output DIR] [--dtype bfloat16]   # DeepSpeed ZeRO shards
-    python -m suzak.export lora outputs/run-lora [--output DIR] [--base_model M]              # LoRA adapter → merged
+    suzak export zero outputs/run/checkpoint-100 [--output DIR] [--dtype bfloat16]             # DeepSpeed ZeRO shards
+    suzak export lora outputs/run-lora [--output DIR] [--base_model M]                        # LoRA adapter → merged
 
 - ``zero``: consolidates the ZeRO-2/3 shards of ``checkpoint-N/global_stepN/`` with DeepSpeed's own
   ``get_fp32_state_dict_from_zero_checkpoint`` (the fp32 master weights, not a 16-bit copy), loads them into the
@@ -146,7 +146,7 @@ def export_lora(adapter: str | Path, output: str | Path | None = None, *, base_m
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m suzak.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="suzak export", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="kind", required=True)
     zero = sub.add_parser("zero", help="DeepSpeed ZeRO checkpoint → plain HF model folder")
     zero.add_argument("checkpoint", help="checkpoint-N folder with global_stepN/ shards")

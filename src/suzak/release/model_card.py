@@ -264,7 +264,7 @@ def _usage(repo_id: str, facts: TrainingFacts) -> list[str]:
     if facts.adapter:
         usage = ["## Usage", "", f"A LoRA adapter for `{facts.setting('model_name_or_path')}`: load the base model and "
                  f'`PeftModel.from_pretrained(model, "{repo_id}")`, or merge it locally with '
-                 "`python -m suzak.export lora ADAPTER_DIR`."]  # fmt: skip
+                 "`suzak export lora ADAPTER_DIR`."]  # fmt: skip
         if facts.setting("load_in_4bit"):
             usage += ["", f"Trained as QLoRA: the base was loaded in 4 bits "
                       f"(bitsandbytes {facts.setting('bnb_4bit_quant_type') or 'nf4'}) under the adapter. The adapter "

@@ -111,7 +111,7 @@ def _check_weights(checkpoint: Path) -> None:
         return
     if any(checkpoint.glob("global_step*")):
         raise SuzakError(f"{checkpoint} holds DeepSpeed ZeRO shards but no safetensors weights: export it first with "
-                         f"`python -m suzak.export zero {checkpoint} --output {checkpoint}-hf`, then release that")  # fmt: skip
+                         f"`suzak export zero {checkpoint} --output {checkpoint}-hf`, then release that")  # fmt: skip
     raise SuzakError(f"no safetensors weights in {checkpoint}: point --checkpoint at a run's output dir, a "
                      "checkpoint-N folder or an exported model folder")  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Training curves as PNG files, from a run's ``metrics.csv``.
 
-    python -m suzak.plot OUTPUT_DIR            # writes OUTPUT_DIR/plots/*.png (also run at the end of training)
+    suzak plot OUTPUT_DIR                      # writes OUTPUT_DIR/plots/*.png (also run at the end of training)
 
 One figure per quantity, each over the optimizer step: every reward's mean with the weighted total, accuracy from
 evaluation (any logged column named ``*accuracy*``), KL to the reference model, completion length, clip ratios,
@@ -156,7 +156,7 @@ def plot_run(output_dir: str | Path, out: str | Path | None = None) -> list[Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m suzak.plot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="suzak plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir", help="a run's output dir (holds metrics.csv)")
     parser.add_argument("--out", help="folder for the PNGs (default: OUTPUT_DIR/plots)")
     args = parser.parse_args(argv)
