@@ -64,6 +64,7 @@ def pytest_configure(config) -> None:
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
     if not worker:
+        _deal_tests_one_by_one(config)
         return
     os.environ["MASTER_PORT"] = str(29600 + 100 * int(worker.removeprefix("gw")))
     threads = max(1, _cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
@@ -72,11 +73,21 @@ def pytest_configure(config) -> None:
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def _deal_tests_one_by_one(config) -> None:
+    """In the controller of ``-n N``: tests go to whichever worker is free, one at a time (``--maxschedchunk=1``),
+    not in xdist's default first chunks of a quarter of each worker's share in collection order, which gave the
+    first worker every slow test (they are sorted first, below): in the CI of 83ec219 one worker ran the self-tests
+    back to back while the other sat idle for the last minutes of the main suite, and the vLLM tier's four
+    self-tests all went to one worker."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """With several workers, the slow tests go first (stable order otherwise), so the workers finish together
-    instead of one running the counting self-test alone at the end."""
+    """With several workers, the slow tests go first, the self-tests (the longest) before the other slow ones
+    (stable order otherwise), so the workers finish together instead of one running a self-test alone at the end."""
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # set in each worker, where collection runs
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items.sort(key=lambda item: (item.get_closest_marker("slow") is None, "selftest" not in item.name))
 
 
 def run_ok(cmd: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
