@@ -192,18 +192,23 @@ def test_report_fails_when_evaluation_does_not_suppress():
     assert text.splitlines()[-1].startswith("FAIL: the evaluation engine does not suppress <|image_pad|>")
 
 
+def run_selftest_command(report_path, flags: list[str], timeout: int) -> tuple[dict, str]:
+    """``python -m suzak.selftest FLAGS --json REPORT`` as a user runs it: (the JSON report, the printed output); a
+    failed run fails the test with the end of its output."""
+    result = subprocess.run([sys.executable, "-m", "suzak.selftest", *flags, "--json", str(report_path)],
+                            capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(report_path.read_text()), result.stdout
+
+
 def test_selftest_passes_aligned_and_stays_at_chance_shuffled(tmp_path):
     """The whole command as a user runs it (seed 0): PASS, aligned >= 0.9, shuffled control in 0.3-0.7.
 
     Not marked slow on purpose: it is the proof that training learns through the images, so every run of the suite
     includes it (~2 min on 2 CPU cores, the slowest test of ``-m "not slow"``).
     """
-    report_path = tmp_path / "selftest.json"
-    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--seed", "0", "--json", str(report_path)],
-                            capture_output=True, text=True, timeout=1800)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "PASS" in result.stdout
-    report = json.loads(report_path.read_text())
+    report, stdout = run_selftest_command(tmp_path / "selftest.json", ["--seed", "0"], timeout=1800)
+    assert "PASS" in stdout
     assert report["passed"] and report["aligned_accuracy"] >= 0.9 and 0.3 <= report["control_accuracy"] <= 0.7
     assert report["heldout_accuracy"] >= 0.9  # greedy, through the evaluation engine with vision tokens suppressed
     assert report["unsuppressed_in_eval"] == []
@@ -214,11 +219,7 @@ def test_selftest_passes_aligned_and_stays_at_chance_shuffled(tmp_path):
 def test_counting_selftest_learns_to_count_aligned_but_not_shuffled(tmp_path):
     """CLEVR scenes of 1-3 objects with the registry's clevr_count reward: aligned climbs well above 1/3, the
     shuffled control stays at chance (settings and curves: docs/selftest.md)."""
-    report_path = tmp_path / "counting.json"
-    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--task", "counting", "--seed", "0",
-                             "--json", str(report_path)], capture_output=True, text=True, timeout=2400)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    report, _ = run_selftest_command(tmp_path / "counting.json", ["--task", "counting", "--seed", "0"], timeout=2400)
     assert report["task"] == "counting" and report["passed"]
     assert report["aligned_accuracy"] >= 0.6 and 0.2 <= report["control_accuracy"] <= 0.47
     assert report["heldout_accuracy"] >= 0.6  # unseen scenes, greedy, through the evaluation engine
@@ -229,12 +230,10 @@ def test_counting_selftest_learns_to_count_aligned_but_not_shuffled(tmp_path):
 def test_selftest_passes_on_a_tiny_qwen3_vl(tmp_path):
     """The color self-test on the Qwen3-VL generation (32-pixel visual tokens, 64x64 squares, Qwen3-VL's template
     and DeepStack vision tower): PASS as on Qwen2.5-VL (times and curves per family: docs/selftest.md)."""
-    report_path = tmp_path / "qwen3_vl.json"
-    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--family", "qwen3_vl", "--seed", "0", "--json",
-                             str(report_path)], capture_output=True, text=True, timeout=2400)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "PASS (qwen3_vl):" in result.stdout
-    report = json.loads(report_path.read_text())
+    report, stdout = run_selftest_command(
+        tmp_path / "qwen3_vl.json", ["--family", "qwen3_vl", "--seed", "0"], timeout=2400
+    )
+    assert "PASS (qwen3_vl):" in stdout
     assert report["family"] == "qwen3_vl" and report["passed"] and report["aligned_accuracy"] >= 0.9
     assert 0.3 <= report["control_accuracy"] <= 0.7 and report["heldout_accuracy"] >= 0.9
     assert report["unsuppressed_in_eval"] == []
@@ -279,11 +278,7 @@ def test_conditions_with_vllm_meet_on_ports_of_their_own(monkeypatch):
 def test_video_selftest_learns_through_the_frames_aligned_but_not_shuffled(tmp_path):
     """The video path (clips read to the video budget, the training forward's video tensors): aligned learns the
     colour the ball turns, shuffled clips stay at chance (~5 min on 2 cores; curves in docs/selftest.md)."""
-    report_path = tmp_path / "video.json"
-    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--task", "video", "--seed", "0", "--json",
-                             str(report_path)], capture_output=True, text=True, timeout=2400)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    report, _ = run_selftest_command(tmp_path / "video.json", ["--task", "video", "--seed", "0"], timeout=2400)
     assert report["task"] == "video" and report["passed"]
     assert report["aligned_accuracy"] >= 0.9 and 0.3 <= report["control_accuracy"] <= 0.7
     assert report["heldout_accuracy"] >= 0.9 and report["detail"]["heldout"]["shuffled"] < 0.7
@@ -357,11 +352,7 @@ def test_zoom_selftest_learns_to_look_where_the_no_tool_control_cannot(tmp_path)
     """Thinking with images: with the zoom the policy learns to read the checks in its crops (held-out accuracy
     through the evaluation's tool loop) far above the third a guess gets; the same images without the tool stay at a
     third, and the held-out accuracy passes the best the control reached (settings and curves: docs/tools.md)."""
-    report_path = tmp_path / "zoom.json"
-    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--task", "zoom", "--seed", "0",
-                             "--json", str(report_path)], capture_output=True, text=True, timeout=1800)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    report, _ = run_selftest_command(tmp_path / "zoom.json", ["--task", "zoom", "--seed", "0"], timeout=1800)
     assert report["task"] == "zoom" and report["passed"] and report["unsuppressed_in_eval"] == []
     assert report["aligned_accuracy"] >= 0.6 and report["control_accuracy"] <= 0.47
     best_control = max([*report["detail"]["windows"]["no_tool"], report["detail"]["heldout"]["no_tool"]])
@@ -373,11 +364,7 @@ def test_grounding_selftest_learns_boxes_aligned_but_not_shuffled(tmp_path):
     """Boxes in the family's frame through a 4x resize: mean IoU climbs far above the 0.25 of a guess with aligned
     images and stays there with shuffled ones, held-out greedy answers through the evaluation engine alike
     (settings and curves: docs/selftest.md)."""
-    report_path = tmp_path / "grounding.json"
-    result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--task", "grounding", "--seed", "0",
-                             "--json", str(report_path)], capture_output=True, text=True, timeout=2400)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    report, _ = run_selftest_command(tmp_path / "grounding.json", ["--task", "grounding", "--seed", "0"], timeout=2400)
     assert report["task"] == "grounding" and report["passed"] and report["unsuppressed_in_eval"] == []
     assert report["aligned_accuracy"] >= 0.5 and report["control_accuracy"] <= 0.4
     assert report["heldout_accuracy"] >= 0.5 and report["detail"]["heldout"]["shuffled"] < 0.4
