@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import struct
@@ -363,10 +364,18 @@ def test_resume_from_latest_checkpoint(tmp_path, run_env):
 
 @pytest.mark.slow
 def test_torchrun_two_processes_gloo(tmp_path, run_env):
+    """Two ranks, each with one group of 4, and dynamic sampling on: the ranks run the same refill rounds (decided
+    from the rewards TRL gathers; a rank doing another would hang the other's next collective)."""
     out = tmp_path / "ddp"
     run_ok([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "suzak.train", "--config",
-          SMOKE, "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(out)], run_env)  # fmt: skip
+          SMOKE, "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(out),
+          "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "1"], run_env, timeout=600)  # fmt: skip
     assert last_trainer_state(out)["global_step"] == 2
+    with open(out / "metrics.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("dynamic_sampling/extra_rounds")]
+    assert len(rows) == 2 and all(0 <= float(row["dynamic_sampling/kept_groups"]) <= 2 for row in rows)
+    assert all(float(r["dynamic_sampling/kept_groups"]) == 2 or float(r["dynamic_sampling/extra_rounds"]) == 1
+               for r in rows)  # fmt: skip
 
 
 @pytest.mark.slow

@@ -395,3 +395,42 @@ def test_the_tool_loop_steps_the_eval_repeats():
 
     assert [tool.__name__ for tool in environment_tools(Environment())] == ["look", "zoom"]
     assert tool_message("zoom", [{"type": "text", "text": "x"}])["content"] == [{"type": "text", "text": "x"}]
+
+
+def test_generate_returns_completion_ids_and_tool_masks_second_and_third():
+    """Generated tokens per step (``generated_tokens``) are read from ``_generate``'s result: completion ids second,
+    tool masks (1 on the model's own tokens) third."""
+    assert _params(GRPOTrainer._generate) == ["self", "prompts"]
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert ("(\n            prompt_ids_list,\n            completion_ids_list,\n            tool_mask_list,\n"
+            "            completions,") in source  # fmt: skip
+    assert "= self._generate(prompts)" in source
+
+
+def test_scored_batch_fields_are_the_ones_dynamic_sampling_merges():
+    """Dynamic sampling merges rounds of ``_generate_and_score_completions``' output field by field
+    (``suzak.trl_internals.merge_scored_rows``): every field TRL can return is either one it knows how to pad or
+    one of the other models' image fields it refuses by name."""
+    import re
+
+    from suzak.trl_internals import COMPLETION_FIELDS, PROMPT_FIELDS, ROW_FIELDS, SEQUENCE_FIELDS
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    returned = set(re.findall(r'output\["(\w+)"\] =', source)) | set(re.findall(r'^\s+"(\w+)": \w+,$', source, re.M))
+    others = {"pixel_attention_mask", "spatial_shapes", "image_sizes", "image_position_ids", "num_tiles"}  # not Qwen
+    known = {*PROMPT_FIELDS, *COMPLETION_FIELDS, *SEQUENCE_FIELDS, *ROW_FIELDS, "num_items_in_batch"}
+    assert returned - others == known - {"suzak_video_fields"}, returned
+
+
+def test_pixel_values_split_and_merge_by_image_grid():
+    """``split_pixel_values_by_grid`` turns Qwen's flat ``pixel_values``/``image_grid_thw`` into one entry per row
+    (``num_images`` each) and ``unsplit_pixel_values_by_grid`` back; ``nanstd`` takes ``dim``."""
+    import torch
+    from trl.trainer.utils import nanstd, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+
+    batch = {"pixel_values": torch.arange(12.0)[:, None], "image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 4]]),
+             "num_images": [1, 1]}  # fmt: skip
+    split = split_pixel_values_by_grid(batch)
+    assert [len(rows) for rows in split["pixel_values"]] == [4, 8] and len(split["image_grid_thw"]) == 2
+    assert torch.equal(unsplit_pixel_values_by_grid(split)["pixel_values"], batch["pixel_values"])
+    assert nanstd(torch.tensor([[1.0, 1.0], [0.0, 2.0]]), dim=1).tolist() == [0.0, 1.4142135381698608]

@@ -496,6 +496,24 @@ def test_each_vllm_importance_sampling_mode_trains_with_images(vllm_env, tmp_pat
         assert (0.9 if step["mode"].startswith("sequence") else 0.98) < ratio <= 1.001, step
 
 
+def test_dynamic_sampling_refills_with_colocated_vllm_and_the_guard_checks_each_step(vllm_env, tmp_path):
+    """The demo's first steps with dynamic sampling: nearly every group scores 0, so each batch takes its extra rounds
+    from vLLM (one token a completion: 128 generated tokens a round) and trains on the groups found; the guard,
+    checking every step, finds vLLM following the policy."""
+    output_dir = tmp_path / "dynamic"
+    _train(vllm_env, output_dir, "--max_steps", "4", "--eval_rows", "0", "--dynamic_sampling", "true",
+           "--dynamic_sampling_max_rounds", "2", "--sampler_check_steps", "1")  # fmt: skip
+    rows = _metrics(output_dir)
+    assert len(rows) == 4
+    for row in rows:
+        rounds = 1 + int(float(row["dynamic_sampling/extra_rounds"]))
+        assert float(row["generated_tokens"]) == 128 * rounds and 0 <= float(row["dynamic_sampling/kept_groups"]) <= 16
+        assert float(row["dynamic_sampling/kept_groups"]) == 16 or rounds == 3
+    assert sum(float(row["dynamic_sampling/dropped_groups"]) for row in rows) > 0
+    checks = _checks(output_dir)
+    assert list(checks) == [1, 2, 3, 4] and max(checks.values()) < 1e-3, checks
+
+
 # --- tools: multi-turn rollouts with the zoom -------------------------------------------------------------------------
 
 

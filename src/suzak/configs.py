@@ -143,6 +143,23 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": "With use_vllm: the largest mean |log p(vLLM) - log p(policy)| per completion token the "
                           "sampler check accepts (nats; numerical noise measures ~0.01, a stale sampler ~1)."},
     )  # fmt: skip
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "DAPO's dynamic sampling: groups whose completions all score alike (reward std at most "
+                          "dynamic_sampling_min_std) are dropped after scoring and the batch is refilled with new "
+                          "prompts of the training set, up to dynamic_sampling_max_rounds extra generation rounds; a "
+                          "batch still short then trains on the groups it has (said in the log)."},
+    )  # fmt: skip
+    dynamic_sampling_min_std: float = field(
+        default=0.0,
+        metadata={"help": "With dynamic_sampling: a group whose reward std is at most this is dropped (0: only "
+                          "groups whose completions all got the same reward)."},
+    )  # fmt: skip
+    dynamic_sampling_max_rounds: int = field(
+        default=3,
+        metadata={"help": "With dynamic_sampling: extra generation rounds a batch may take to refill its dropped "
+                          "groups (0: drop them and train on the rest)."},
+    )  # fmt: skip
     release_dry_run: bool = field(
         default=False,
         metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
@@ -209,6 +226,11 @@ class SuzakArguments(VideoBudgetArguments):
         if not self.sampler_logp_tolerance > 0:
             raise SuzakError(f"sampler_logp_tolerance {self.sampler_logp_tolerance} must be > 0 (nats per token; "
                              "default 0.1)")  # fmt: skip
+        if not self.dynamic_sampling_min_std >= 0:
+            raise SuzakError(f"dynamic_sampling_min_std {self.dynamic_sampling_min_std} must be >= 0 (a reward std)")
+        if self.dynamic_sampling_max_rounds < 0:
+            raise SuzakError(f"dynamic_sampling_max_rounds {self.dynamic_sampling_max_rounds} must be >= 0 (extra "
+                             "generation rounds a batch)")  # fmt: skip
         if self.on_nonfinite not in ("stop", "skip"):
             raise SuzakError(f"on_nonfinite {self.on_nonfinite!r}: 'stop' or 'skip'")
         if not self.rank_failure_timeout > 0:

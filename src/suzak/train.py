@@ -26,7 +26,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     from suzak.rewards import resolve_rewards
     from suzak.tools import resolve_tools
     from suzak.trainer import VLMGRPOTrainer
-    from suzak.trl_internals import SamplerGuard
+    from suzak.trl_internals import DynamicSampling, SamplerGuard
 
     template = get_template(suzak_args.prompt_template)
     reward_funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
@@ -45,6 +45,9 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
     check_lora_targets(model, peft_config)  # a LoRA target that matches nothing stops here, not silently
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
+    sampling = None
+    if suzak_args.dynamic_sampling:
+        sampling = DynamicSampling(suzak_args.dynamic_sampling_min_std, suzak_args.dynamic_sampling_max_rounds)
     trainer = VLMGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -58,6 +61,7 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
         preflight_rows=suzak_args.preflight_rows,
         sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
         opening_in_completion=suzak_args.opening_in_completion,
+        dynamic_sampling=sampling,
         **toolset.trainer_kwargs(),
         **trainer_kwargs,
     )

@@ -49,7 +49,14 @@ from suzak.rewards import read_after_opening
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
-from suzak.trl_internals import GRPOHooks, NonFiniteStep, RewardFault, SamplerGuard, StaleSampler
+from suzak.trl_internals import (
+    DynamicSampling,
+    GRPOHooks,
+    NonFiniteStep,
+    RewardFault,
+    SamplerGuard,
+    StaleSampler,
+)
 from suzak.video import row_clip
 from suzak.vision import (
     VIDEO_COLUMN,
@@ -112,6 +119,7 @@ class VLMGRPOTrainer(GRPOHooks):
         opening_in_completion: the rewards (and the pre-flight) read each completion after the chat template's
             opening of the assistant turn (Qwen3.5's ``<think>\\n``, :func:`suzak.prompts.template_opening`);
             without it, a template that opens the answer format's first tag stops the run before step 1.
+        dynamic_sampling: DAPO's dynamic sampling (:class:`suzak.trl_internals.DynamicSampling`); None: off.
 
     ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
     (:func:`suzak.trl_internals.completion_rows`); set the same list on every rank.
@@ -127,6 +135,7 @@ class VLMGRPOTrainer(GRPOHooks):
         precheck_rows: int | None = 256,
         sampler_guard: SamplerGuard | None = None,
         opening_in_completion: bool = False,
+        dynamic_sampling: DynamicSampling | None = None,
         **kwargs,
     ):
         use_qwen_video_positions()  # before TRL loads a reference model
@@ -137,6 +146,7 @@ class VLMGRPOTrainer(GRPOHooks):
             )
         super().__init__(*args, **kwargs)
         self.sampler_guard = sampler_guard or self.sampler_guard
+        self.dynamic_sampling = dynamic_sampling
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
         self.video_budget = (video_budget or VideoBudget()).for_model(self.processing_class)
         self.answer_format = answer_format
@@ -245,6 +255,23 @@ class VLMGRPOTrainer(GRPOHooks):
         logger.info("tools: zoom crops fitted to %d-%d pixels (at most %d visual tokens, a tool turn of at most %d "
                     "tokens of max_completion_length %d)", crops.min_pixels, crops.max_pixels, most, turn, limit)  # fmt: skip
 
+    def check_dynamic_sampling(self) -> None:
+        """With dynamic sampling: each rank's generation batch holds whole groups (a rank keeps or drops its own), and
+        the training set is indexable (extra prompts are drawn from it by index)."""
+        sampling = self.dynamic_sampling
+        if sampling is None:
+            return
+        rows = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        if rows % self.num_generations:
+            raise SuzakError(f"dynamic_sampling keeps or drops whole groups on each rank: per_device_train_batch_size "
+                             f"x steps_per_generation ({rows}) must be a multiple of num_generations "
+                             f"({self.num_generations})")  # fmt: skip
+        if not isinstance(self.train_dataset, datasets.Dataset):
+            raise SuzakError("dynamic_sampling draws its extra prompts from the training set by index; a streamed "
+                             f"dataset ({type(self.train_dataset).__name__}) has none: load it whole")  # fmt: skip
+        logger.info("dynamic sampling: groups with a reward std of at most %g are dropped and refilled, up to %d extra "
+                    "generation round(s) a batch", sampling.min_std, sampling.max_rounds)  # fmt: skip
+
     def count_rows_without_one_image(self) -> None:
         """With the zoom: the rows the visual-token pre-check read that have no single image to zoom into, in one
         warning (a dataset without images, where the pre-check does not run: every row)."""
@@ -321,6 +348,7 @@ class VLMGRPOTrainer(GRPOHooks):
                 raise SuzakError("use_vllm with video rows runs with vllm_tensor_parallel_size 1 (each rank's vLLM "
                                  f"gets its own rows' videos), got {self.args.vllm_tensor_parallel_size}")  # fmt: skip
         self.check_tool_turns()
+        self.check_dynamic_sampling()
         if self.use_vllm and has_images:
             check_vllm_bounds(self.model.name_or_path, self.pixel_budget, server=self.vllm_mode == "server")
         if self.answer_format is not None:

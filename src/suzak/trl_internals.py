@@ -9,8 +9,8 @@ by name, instead of somewhere in a training run:
   (a resume's weights loaded with the model's key conversion, which transformers 5.17's resume leaves out), and
   ``_load_best_model`` (load_best_model_at_end's load, the same flaw);
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
-  ``_log_completion_extra`` and ``_calculate_rewards`` (each calls ``super()`` and hands suzak's part to a public
-  method of the subclass), reads the per-rollout tool ``environments`` and calls ``_get_tool_suffix_ids`` (a tool
+  ``_log_completion_extra``, ``_calculate_rewards`` and ``_generate`` (each calls ``super()`` and hands suzak's part
+  to a public method of the subclass; ``_generate``'s completion ids and tool masks count the tokens sampled), reads the per-rollout tool ``environments`` and calls ``_get_tool_suffix_ids`` (a tool
   turn's length, for the pre-check), masks ``tool_mask``'s tool turns out of the stale-sampler guard, and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
   through ``chat_template_kwargs``; a batch's rows without images as ``[]`` for the processor, None for vLLM),
   ``_compute_loss`` and ``_get_per_token_logps_and_entropies`` (each chunk's video tensors added to the model call,
@@ -18,6 +18,10 @@ by name, instead of somewhere in a training run:
   through ``_log_metric``, saves a checkpoint
   with transformers' ``Trainer._save_checkpoint``, and sets the vision-token suppression where TRL's two generation
   paths read it (``generation_config``/``generation_kwargs`` for HF, ``vllm_generation.generation_kwargs`` for vLLM);
+- :class:`DynamicSampling` / :func:`merge_scored_rows`: rounds of ``_generate_and_score_completions`` merged into
+  one scored batch, field by field of its output (TRL's ``split_pixel_values_by_grid`` and
+  ``unsplit_pixel_values_by_grid`` for the images; a field it does not know stops by name), each group's reward std
+  with TRL's ``nanstd``;
 - :class:`RewardFault`: what ``_calculate_rewards`` raises, on every rank at once, when a reward raises or returns
   what TRL cannot use (each recorded by :class:`RewardGuard`), or when no reward scored any completion of a
   training batch;
@@ -61,10 +65,16 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer, SFTTrainer
-from trl.trainer.utils import is_async_callable
+from trl.trainer.utils import (
+    is_async_callable,
+    nanstd,
+    split_pixel_values_by_grid,
+    unsplit_pixel_values_by_grid,
+)
 
 from suzak import SuzakError
 from suzak.parsing import message_text
@@ -83,6 +93,7 @@ __all__ = [
     "SFTHooks",
     "SamplerGuard",
     "StaleSampler",
+    "DynamicSampling",
     "colocated_vllm_on_cpu",
     "drop_earlier_autocast",
     "environment_tools",
@@ -91,6 +102,7 @@ __all__ = [
     "forget_vision_features_on_sync",
     "keep_adapters_fp32",
     "keep_vllm_cpu_weights_live",
+    "merge_scored_rows",
     "parse_turn",
     "reward_call_kwargs",
     "sampling_logps",
@@ -315,6 +327,102 @@ class SamplerGuard:
                      "load, weights under names vLLM does not load, a skipped layer): GRPO would train on samples "
                      "of the old policy")  # fmt: skip
         raise StaleSampler(f"vLLM's sampler does not follow the policy: {gap}; {cause}")
+
+
+@dataclass
+class DynamicSampling:
+    """DAPO's dynamic sampling (Yu et al. 2025, "DAPO", section 3.2; TRL lacks it: huggingface/trl#3708).
+
+    A group whose completions all score alike (reward std at most ``min_std``; a group no reward scored) has zero
+    advantage and teaches nothing. After TRL scores a generation batch, such groups are dropped and new prompts of the
+    training set generated, scored and kept in their place, up to ``max_rounds`` extra rounds a batch; a batch still
+    short of groups then trains on what it has: the rest of it is dropped groups with their completions masked out
+    (no loss, no KL), and it is said in the log. Each rank keeps its own groups (a rank's generation batch holds whole
+    groups); every rank runs the same rounds, decided from the rewards TRL gathers over ranks.
+
+    >>> DynamicSampling().kept(torch.tensor([0.0, 0.5, float("nan")])).tolist()
+    [False, True, False]
+    """
+
+    min_std: float = 0.0
+    max_rounds: int = 3
+
+    def kept(self, group_std: torch.Tensor) -> torch.Tensor:
+        """Which groups carry a signal: reward std above ``min_std`` (NaN, a group no reward scored: dropped)."""
+        return group_std > self.min_std
+
+
+def group_reward_std(rewards_per_func: torch.Tensor, weights: torch.Tensor, size: int) -> torch.Tensor:
+    """Each group's std of the weighted reward, over the completions some reward scored (TRL's own reward sum; NaN
+    for a group with fewer than two scored completions).
+
+    >>> group_reward_std(torch.tensor([[1.0], [1.0], [0.0], [1.0]]), torch.tensor([1.0]), 2).tolist()
+    [0.0, 0.7071067690849304]
+    """
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device)[None]).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return nanstd(rewards.view(-1, size), dim=1)
+
+
+# How each 2-D field of TRL's scored batch is padded when batches of different widths are merged (prompt fields on
+# the left, completion fields on the right, fields over the whole sequence both ways), and with what ("pad": the
+# tokenizer's pad id); fields of one entry a row follow their rows. Anything else stops the merge by name.
+PROMPT_FIELDS = {"prompt_ids": "pad", "prompt_mask": 0}
+COMPLETION_FIELDS = {"completion_ids": "pad", "completion_mask": 0, "tool_mask": 1, "old_per_token_logps": 0.0,
+                     "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0, "importance_sampling_ratio": 1.0}  # fmt: skip
+SEQUENCE_FIELDS = ("mm_token_type_ids", "token_type_ids")
+ROW_FIELDS = ("advantages", "num_images", "pixel_values", "image_grid_thw", VIDEO_FIELDS)
+
+
+def _widened(name: str, value: Any, prompt: tuple[int, int], completion: tuple[int, int], pad_id: int) -> Any:
+    """One field of a scored batch padded from (prompt, completion) widths ``(own, target)``."""
+    if not isinstance(value, torch.Tensor) or value.ndim < 2:
+        return value
+    left, right = prompt[1] - prompt[0], completion[1] - completion[0]
+    if name in PROMPT_FIELDS:
+        fill = PROMPT_FIELDS[name]
+        return torch.nn.functional.pad(value, (left, 0), value=pad_id if fill == "pad" else fill)
+    if name in COMPLETION_FIELDS:
+        if value.size(1) == 1 and completion[0] != 1:  # a sequence-level ratio: one per row
+            return value
+        fill = COMPLETION_FIELDS[name]
+        return torch.nn.functional.pad(value, (0, right), value=pad_id if fill == "pad" else fill)
+    head = torch.nn.functional.pad(value[:, : prompt[0]], (left, 0))
+    return torch.cat([head, torch.nn.functional.pad(value[:, prompt[0] :], (0, right))], dim=1)
+
+
+def merge_scored_rows(batches: list[dict[str, Any]], rows: list[tuple[int, int]], masked: Sequence[int],
+                      pad_id: int) -> dict[str, Any]:  # fmt: skip
+    """One scored batch (``_generate_and_score_completions``' output) of ``rows``, each ``(batch, row)`` of
+    ``batches``, padded to common widths; the rows at positions ``masked`` of the result keep no completion token in
+    the loss (``completion_mask`` 0, as TRL's ``mask_truncated_completions`` does). ``num_items_in_batch`` is left
+    to the caller (a sum over ranks).
+    """
+    names = list(batches[0])
+    for batch in batches[1:]:
+        if list(batch) != names:
+            raise SuzakError(f"dynamic sampling: generation rounds returned different fields ({sorted(names)} and "
+                             f"{sorted(batch)}): a dataset mixing rows with and without images cannot be merged")  # fmt: skip
+    known = {*PROMPT_FIELDS, *COMPLETION_FIELDS, *SEQUENCE_FIELDS, *ROW_FIELDS, "num_items_in_batch"}
+    if unknown := [name for name in names if name not in known]:
+        raise SuzakError(f"dynamic sampling cannot merge TRL's scored-batch field(s) {unknown} (this model's inputs)")
+    split = [split_pixel_values_by_grid(batch) for batch in batches]
+    prompt = max(batch["prompt_ids"].size(1) for batch in batches)
+    completion = max(batch["completion_ids"].size(1) for batch in batches)
+    merged: dict[str, Any] = {}
+    for name in names:
+        if name == "num_items_in_batch":
+            continue
+        parts = [_widened(name, batch[name], (batch["prompt_ids"].size(1), prompt),
+                          (batch["completion_ids"].size(1), completion), pad_id) for batch in split]  # fmt: skip
+        picked = [parts[b][r] for b, r in rows]
+        merged[name] = torch.stack(picked) if isinstance(parts[0], torch.Tensor) else picked
+    if masked:
+        index = torch.tensor(list(masked), device=merged["completion_mask"].device)
+        merged["completion_mask"] = merged["completion_mask"].index_fill(0, index, 0)
+        if "tool_mask" in merged:
+            merged["tool_mask"] = merged["tool_mask"].index_fill(0, index, 0)
+    return unsplit_pixel_values_by_grid(merged)
 
 
 def sampling_logps(logits: torch.Tensor, *, temperature: float, logit_bias: Mapping | None = None, top_k: int = 0,
@@ -775,10 +883,80 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self.sampler_guard = SamplerGuard()
         self._video_rows: list[dict | None] | None = None  # the rows' video tensors while TRL runs the model
         self._batch_clips: list[Clip | None] | None = None  # the rows' clips while TRL generates (vLLM takes them)
+        self.dynamic_sampling: DynamicSampling | None = None
+        self._group_std = torch.zeros(0)  # the last scored batch's reward std per group, over ranks
+        self._generated_tokens = 0  # completion tokens the last generation sampled, over ranks
+        self._short_batches = 0
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.model.training:
+            return self._generate_and_score_round(inputs)
+        if self.dynamic_sampling is None:
+            output = self._generate_and_score_round(inputs)
+            self._metrics["train"]["generated_tokens"].append(float(self._generated_tokens))
+            return output
+        return self._dynamically_sampled(inputs)
+
+    def _dynamically_sampled(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """:class:`DynamicSampling`: rounds of generation until every rank holds as many groups with a signal as its
+        batch has groups (or the cap), merged into one scored batch of the usual size."""
+        sampling, size = self.dynamic_sampling, self.num_generations
+        groups, rank = len(inputs) // size, self.accelerator.process_index
+        batches, kept, spare = [], [], []  # the rounds' scored batches; (round, group) kept / dropped on this rank
+        held = torch.zeros(self.accelerator.num_processes, dtype=torch.long)  # kept groups so far, each rank
+        dropped = tokens = 0
+        for extra in range(sampling.max_rounds + 1):
+            batch = inputs if extra == 0 else self.extra_prompts(groups, extra)
+            batches.append(self._generate_and_score_round(batch))
+            tokens += self._generated_tokens
+            signal = sampling.kept(self._group_std.cpu()).view(-1, groups)  # (ranks, groups): alike on every rank
+            held += signal.sum(1)
+            dropped += int((~signal).sum())
+            kept += [(extra, g) for g in range(groups) if signal[rank, g]]
+            spare += [(extra, g) for g in range(groups) if not signal[rank, g]]
+            if bool((held >= groups).all()):
+                break
+        picked = kept[:groups]
+        filler = spare[len(spare) - (groups - len(picked)) :] if len(picked) < groups else []
+        rows = [(b, g * size + i) for b, g in picked + filler for i in range(size)]
+        pad_id = getattr(self.processing_class, "tokenizer", self.processing_class).pad_token_id  # TRL's padding
+        output = merge_scored_rows(batches, rows, range(len(picked) * size, len(rows)), pad_id)
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        trained = int(held.clamp(max=groups).sum())
+        short = held.numel() * groups - trained
+        metrics = self._metrics["train"]
+        for name, value in (("kept_groups", trained), ("dropped_groups", dropped), ("extra_rounds", extra)):
+            metrics[f"dynamic_sampling/{name}"].append(float(value))
+        metrics["generated_tokens"].append(float(tokens))  # every round's
+        if short:
+            logger.log(logging.INFO if not self._short_batches else logging.DEBUG,
+                       "dynamic sampling: the batch for step %d trains on %d of %d groups after %d extra round(s) "
+                       "(dynamic_sampling_max_rounds); the other %d have one reward for all their completions and "
+                       "are masked out (dynamic_sampling/kept_groups in the metrics)", self.state.global_step + 1,
+                       trained, trained + short, extra, short)  # fmt: skip
+            self._short_batches += 1
+        return output
+
+    def extra_prompts(self, groups: int, extra: int) -> list[dict[str, Any]]:
+        """``groups`` rows of the training set drawn for an extra round of dynamic sampling, each ``num_generations``
+        times: drawn from the seed, the step, the round and the rank, so a resumed run draws the same."""
+        dataset = self.train_dataset
+        seed = [self.args.seed, self.state.global_step, extra, self.accelerator.process_index]
+        picks = np.random.default_rng(seed).choice(len(dataset), size=groups, replace=len(dataset) < groups)
+        return [dict(row) for row in (dataset[int(i)] for i in picks) for _ in range(self.num_generations)]
+
+    def _generate(self, prompts: list):
+        generated = super()._generate(prompts)
+        completion_ids, tool_mask = generated[1], generated[2]
+        counts = [sum(mask) for mask in tool_mask] if tool_mask is not None else [len(ids) for ids in completion_ids]
+        total = torch.tensor(float(sum(counts)), device=self.accelerator.device)
+        self._generated_tokens = int(self.accelerator.gather(total).sum().item())  # sampled, not tool turns: all ranks
+        return generated
+
+    def _generate_and_score_round(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_extra_columns.clear()
         self._batch_rows = self.row_names(inputs)
         prepared = self.prepare_batch(inputs)
@@ -917,7 +1095,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         if len(environments) == len(inputs):  # one per rollout, in the rollouts' order (TRL draws them per batch)
             for column, values in self.rollout_columns(environments).items():
                 self._log_completion_extra(column, values)
-        return self.screen_rewards(rewards, guard)
+        rewards = self.screen_rewards(rewards, guard)
+        if self.model.training:  # (ranks x rows, functions) -> each group's std, for dynamic sampling
+            self._group_std = group_reward_std(rewards, self.reward_weights, self.num_generations)
+        return rewards
 
     def _log_completion_extra(self, column: str, values: list):
         self._batch_extra_columns.add(column)
