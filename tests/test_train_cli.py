@@ -419,3 +419,15 @@ def test_recipe_dataset_options_stay_with_the_recipe_dataset(monkeypatch, caplog
     assert parse_args(recipe)[0].dataset_options is None
     given = parse_args([*recipe, "--dataset_options", '{"template": "gsm8k_think"}'])[0]
     assert given.dataset_options == {"template": "gsm8k_think"}  # options given with the new dataset apply
+
+
+def test_suzak_arguments_docstring_lists_every_field_under_its_heading_in_order():
+    """SuzakArguments is grouped as TRL's GRPOConfig is: its docstring's "> Parameters that control ..." headings name
+    every field, in the order ``--help`` lists them."""
+    import dataclasses
+    import re
+
+    from suzak.configs import SuzakArguments
+
+    named = re.findall(r"``(\w+)``", SuzakArguments.__doc__.split("> Parameters", 1)[1])
+    assert named == [f.name for f in dataclasses.fields(SuzakArguments)]

@@ -33,7 +33,40 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SuzakArguments(VideoBudgetArguments):
-    """suzak's own recipe fields; everything else is TRL's GRPOConfig / ModelConfig."""
+    """suzak's own recipe fields; everything else is TRL's GRPOConfig / ModelConfig. Grouped as TRL groups
+    ``GRPOConfig``'s (``python -m suzak.train --help`` lists them in this order, each with its help):
+
+    > Parameters that control the video budget (:class:`~suzak.video.VideoBudgetArguments`, shared with the
+    evaluation): ``video_fps``, ``video_min_frames``, ``video_max_frames``, ``video_min_pixels``,
+    ``video_max_pixels``, ``video_total_pixels``
+
+    > Parameters that control the data: ``dataset_name``, ``dataset_options``, ``max_train_rows``,
+    ``skip_bad_rows``, ``max_bad_fraction``
+
+    > Parameters that control the prompt and the pixel budget: ``prompt_template``, ``opening_in_completion``,
+    ``min_pixels``, ``max_pixels``
+
+    > Parameters that control the vision tower: ``freeze_vision_tower``, ``quantize_vision_tower``
+
+    > Parameters that control the rewards: ``rewards``, ``reward_kwargs``, ``preflight_rows``
+
+    > Parameters that control tools: ``tools``, ``tool_max_pixels``, ``tool_max_visual_tokens``
+
+    > Parameters that control dynamic sampling: ``dynamic_sampling``, ``dynamic_sampling_min_std``,
+    ``dynamic_sampling_max_rounds``
+
+    > Parameters that control the vLLM sampler check: ``sampler_check_steps``, ``sampler_logp_tolerance``
+
+    > Parameters that control the held-out evaluation during training: ``eval_rows``, ``eval_max_new_tokens``,
+    ``eval_batch_size``
+
+    > Parameters that control faults, stops and resume: ``on_nonfinite``, ``stop_signals``,
+    ``rank_failure_timeout``, ``checkpoint_mirror``, ``resume_override``
+
+    > Parameters that control logging and release: ``log_metrics_dict``, ``release_dry_run``
+    """
+
+    # > Parameters that control the data
 
     dataset_name: str = field(
         default="clevr_synthetic",
@@ -50,10 +83,30 @@ class SuzakArguments(VideoBudgetArguments):
         },
     )
     max_train_rows: int | None = field(default=None, metadata={"help": "Keep only the first N rows (after shuffling)."})
+    skip_bad_rows: bool = field(
+        default=False,
+        metadata={"help": "Rows that fail the validation before step 1 (an image that does not decode or fit, a gold "
+                          "answer a reward cannot read) are dropped and listed in OUTPUT_DIR/skipped_rows.jsonl "
+                          "instead of stopping the run."},
+    )  # fmt: skip
+    max_bad_fraction: float = field(
+        default=0.05, metadata={"help": "With skip_bad_rows: stop anyway when more than this fraction of rows is bad."}
+    )
+
+    # > Parameters that control the prompt and the pixel budget
+
     prompt_template: str = field(
         default=DEFAULT_TEMPLATE,
         metadata={"help": "Prompt template (suzak.prompts.TEMPLATES); also sets the answer format."},
     )
+    opening_in_completion: bool = field(
+        default=False,
+        metadata={"help": "Rewards, the reward pre-flight and evaluation read each completion after the chat "
+                          "template's opening of the assistant turn (Qwen3.5's <think>, its thinking mode), which the "
+                          "policy never writes itself. Without it, a template that opens the answer format's first "
+                          "tag stops the run before step 1 (or turn thinking off: chat_template_kwargs: "
+                          "{enable_thinking: false})."},
+    )  # fmt: skip
     min_pixels: int = field(
         default=DEFAULT_MIN_PIXELS,
         metadata={
@@ -67,6 +120,18 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": f"Pixel budget upper bound; {DEFAULT_MAX_PIXELS} = {DEFAULT_MAX_PIXELS // 784} visual tokens "
                           f"of 28x28 pixels, {DEFAULT_MAX_PIXELS // 1024} of 32x32 (R1-V's CLEVR run)."},
     )  # fmt: skip
+
+    # > Parameters that control the vision tower
+
+    freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
+    quantize_vision_tower: bool = field(
+        default=False,
+        metadata={"help": "With load_in_4bit/load_in_8bit: quantize the vision encoder too (default: it stays in the "
+                          "compute dtype; docs/qlora.md says why)."},
+    )  # fmt: skip
+
+    # > Parameters that control the rewards
+
     rewards: list[str] = field(
         default_factory=lambda: ["clevr_count", "think_format"],
         metadata={"help": "Reward names (suzak.rewards.REWARDS) or dotted import paths; weights: reward_weights."},
@@ -76,6 +141,10 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": "Per-reward keyword arguments, e.g. {gsm8k_format: {style: hash}}. On the command line "
                           "they update the recipe's reward by reward, key by key ({reward: null} drops the recipe's)."},
     )  # fmt: skip
+    preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
+
+    # > Parameters that control tools
+
     tools: list[str] = field(
         default_factory=list,
         metadata={"help": "Tools the policy may call during a rollout (multi-turn, docs/tools.md): zoom (built in: "
@@ -94,55 +163,9 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": "Visual tokens all zoom crops of one rollout may show; a zoom past it is a tool error the "
                           "model reads (default: no cap beyond max_completion_length)."},
     )  # fmt: skip
-    freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
-    quantize_vision_tower: bool = field(
-        default=False,
-        metadata={"help": "With load_in_4bit/load_in_8bit: quantize the vision encoder too (default: it stays in the "
-                          "compute dtype; docs/qlora.md says why)."},
-    )  # fmt: skip
-    opening_in_completion: bool = field(
-        default=False,
-        metadata={"help": "Rewards, the reward pre-flight and evaluation read each completion after the chat "
-                          "template's opening of the assistant turn (Qwen3.5's <think>, its thinking mode), which the "
-                          "policy never writes itself. Without it, a template that opens the answer format's first "
-                          "tag stops the run before step 1 (or turn thinking off: chat_template_kwargs: "
-                          "{enable_thinking: false})."},
-    )  # fmt: skip
-    preflight_rows: int = field(default=8, metadata={"help": "Rows the reward pre-flight checks (0 disables it)."})
-    log_metrics_dict: bool = field(
-        default=False,
-        metadata={"help": "Print the Trainer's metrics dict at each logging step (console and train.log) instead of "
-                          "suzak's one line (step/total, reward ± std, eval accuracy, length, KL, clip, loss, s/step, "
-                          "ETA); every metric is in metrics.csv either way."},
-    )  # fmt: skip
-    skip_bad_rows: bool = field(
-        default=False,
-        metadata={"help": "Rows that fail the validation before step 1 (an image that does not decode or fit, a gold "
-                          "answer a reward cannot read) are dropped and listed in OUTPUT_DIR/skipped_rows.jsonl "
-                          "instead of stopping the run."},
-    )  # fmt: skip
-    max_bad_fraction: float = field(
-        default=0.05, metadata={"help": "With skip_bad_rows: stop anyway when more than this fraction of rows is bad."}
-    )
-    eval_rows: int = field(
-        default=0,
-        metadata={"help": "Held-out rows answered by greedy generation every eval_steps and scored by the first "
-                          "reward (eval/accuracy); 0 turns it off. Synthetic datasets draw them past the training "
-                          "range, others hold out their last eval_rows rows."},
-    )  # fmt: skip
-    eval_max_new_tokens: int = field(default=256, metadata={"help": "Token limit of the held-out generations."})
-    eval_batch_size: int = field(default=16, metadata={"help": "Batch size of the held-out generations."})
-    sampler_check_steps: int = field(
-        default=10,
-        metadata={"help": "With use_vllm: compare vLLM's log-probabilities of its samples with the policy's at the "
-                          "first generation and then every N steps, and stop when they drift apart (a weight sync "
-                          "that does not reach vLLM's sampler); 0 turns the check off."},
-    )  # fmt: skip
-    sampler_logp_tolerance: float = field(
-        default=0.1,
-        metadata={"help": "With use_vllm: the largest mean |log p(vLLM) - log p(policy)| per completion token the "
-                          "sampler check accepts (nats; numerical noise measures ~0.01, a stale sampler ~1)."},
-    )  # fmt: skip
+
+    # > Parameters that control dynamic sampling
+
     dynamic_sampling: bool = field(
         default=False,
         metadata={"help": "DAPO's dynamic sampling: groups whose completions all score alike (reward std at most "
@@ -160,22 +183,34 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": "With dynamic_sampling: extra generation rounds a batch may take to refill its dropped "
                           "groups (0: drop them and train on the rest)."},
     )  # fmt: skip
-    release_dry_run: bool = field(
-        default=False,
-        metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
-    )
-    stop_signals: list[str] = field(
-        default_factory=lambda: ["SIGTERM", "SIGUSR1"],
-        metadata={"help": "Signals that stop training gracefully (preemption: SLURM's --signal, a cloud shutdown): "
-                          "the current optimizer step finishes, a complete checkpoint is written, one line gives the "
-                          "resume command, and the run exits with code 75. [] turns this off."},
+
+    # > Parameters that control the vLLM sampler check
+
+    sampler_check_steps: int = field(
+        default=10,
+        metadata={"help": "With use_vllm: compare vLLM's log-probabilities of its samples with the policy's at the "
+                          "first generation and then every N steps, and stop when they drift apart (a weight sync "
+                          "that does not reach vLLM's sampler); 0 turns the check off."},
     )  # fmt: skip
-    checkpoint_mirror: str | None = field(
-        default=None,
-        metadata={"help": "Copy every saved checkpoint, in the background, to this folder (a mounted bucket, NFS) "
-                          "or to the Hub as hf://USER/REPO (a folder per checkpoint; HF_TOKEN from .env). A failed "
-                          "copy is a warning and a count, never a stop."},
+    sampler_logp_tolerance: float = field(
+        default=0.1,
+        metadata={"help": "With use_vllm: the largest mean |log p(vLLM) - log p(policy)| per completion token the "
+                          "sampler check accepts (nats; numerical noise measures ~0.01, a stale sampler ~1)."},
     )  # fmt: skip
+
+    # > Parameters that control the held-out evaluation during training
+
+    eval_rows: int = field(
+        default=0,
+        metadata={"help": "Held-out rows answered by greedy generation every eval_steps and scored by the first "
+                          "reward (eval/accuracy); 0 turns it off. Synthetic datasets draw them past the training "
+                          "range, others hold out their last eval_rows rows."},
+    )  # fmt: skip
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "Token limit of the held-out generations."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Batch size of the held-out generations."})
+
+    # > Parameters that control faults, stops and resume
+
     on_nonfinite: str = field(
         default="stop",
         metadata={"help": "A step whose gradient norm is nan or inf (a nan/inf loss): 'stop' (one line naming the "
@@ -183,11 +218,23 @@ class SuzakArguments(VideoBudgetArguments):
                           "optimizer step is skipped and counted in nonfinite/skipped_steps).",
                   "choices": ["stop", "skip"]},
     )  # fmt: skip
+    stop_signals: list[str] = field(
+        default_factory=lambda: ["SIGTERM", "SIGUSR1"],
+        metadata={"help": "Signals that stop training gracefully (preemption: SLURM's --signal, a cloud shutdown): "
+                          "the current optimizer step finishes, a complete checkpoint is written, one line gives the "
+                          "resume command, and the run exits with code 75. [] turns this off."},
+    )  # fmt: skip
     rank_failure_timeout: float = field(
         default=120.0,
         metadata={"help": "Several processes: seconds a rank may go silent (killed, its machine gone) before the "
                           "others stop with one line naming it; a rank that raises is named at once. Needs an "
                           "output_dir every rank sees."},
+    )  # fmt: skip
+    checkpoint_mirror: str | None = field(
+        default=None,
+        metadata={"help": "Copy every saved checkpoint, in the background, to this folder (a mounted bucket, NFS) "
+                          "or to the Hub as hf://USER/REPO (a folder per checkpoint; HF_TOKEN from .env). A failed "
+                          "copy is a warning and a count, never a stop."},
     )  # fmt: skip
     resume_override: bool = field(
         default=False,
@@ -195,6 +242,19 @@ class SuzakArguments(VideoBudgetArguments):
             "help": "Resume even when the recipe differs from the checkpoint's in a field that changes what the "
             "saved state means (batch size, num_generations, model, dataset, learning-rate schedule)."
         },
+    )
+
+    # > Parameters that control logging and release
+
+    log_metrics_dict: bool = field(
+        default=False,
+        metadata={"help": "Print the Trainer's metrics dict at each logging step (console and train.log) instead of "
+                          "suzak's one line (step/total, reward ± std, eval accuracy, length, KL, clip, loss, s/step, "
+                          "ETA); every metric is in metrics.csv either way."},
+    )  # fmt: skip
+    release_dry_run: bool = field(
+        default=False,
+        metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
     )
 
     def __post_init__(self):
