@@ -99,3 +99,18 @@ def test_tool_turn_bench_times_both_conditions(tmp_path, run_env):
     assert rows["tool_turn"]["zoom_ms_per_call"] > 0 and rows["no_tool_turn"]["zoom_ms_per_call"] == 0
     assert rows["no_tool_turn"]["tool_tokens_per_rollout"] == 0 and rows["no_tool_turn"]["overhead"] == 0
     assert "| tool_turn | 8 |" in out.stdout
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_bench_runs_both_settings(tmp_path, run_env):
+    """bench/bench_dynamic_sampling.py: a row per setting, each with the tokens it generated; the run with dynamic
+    sampling generates more than a batch a step: in the first steps nearly every group scores 0, so each takes its extra
+    round."""
+    results = tmp_path / "ds.jsonl"
+    out = _run("bench_dynamic_sampling.py", "--tasks", "sparse", "--seeds", "0", "--max_steps", "3", "--eval_steps", "3",
+               "--max_rounds", "1", "--results", str(results), env=run_env)  # fmt: skip
+    rows = {r["dynamic_sampling"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert set(rows) == {False, True} and all(r["steps"] == 3 and r["seconds"] > 0 for r in rows.values())
+    batch = 3 * 128 * 2  # 3 steps of 128 completions of at most 2 tokens
+    assert 0.9 * batch < rows[False]["tokens"] <= batch < rows[True]["tokens"] <= 2 * batch
+    assert 0 <= rows[True]["final_heldout"] <= 1 and "| sparse | True |" in out.stdout

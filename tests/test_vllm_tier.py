@@ -501,17 +501,17 @@ def test_dynamic_sampling_refills_with_colocated_vllm_and_the_guard_checks_each_
     from vLLM (one token a completion: 128 generated tokens a round) and trains on the groups found; the guard,
     checking every step, finds vLLM following the policy."""
     output_dir = tmp_path / "dynamic"
-    _train(vllm_env, output_dir, "--max_steps", "4", "--eval_rows", "0", "--dynamic_sampling", "true",
+    _train(vllm_env, output_dir, "--max_steps", "2", "--eval_rows", "0", "--dynamic_sampling", "true",
            "--dynamic_sampling_max_rounds", "2", "--sampler_check_steps", "1")  # fmt: skip
     rows = _metrics(output_dir)
-    assert len(rows) == 4
+    assert len(rows) == 2
     for row in rows:
         rounds = 1 + int(float(row["dynamic_sampling/extra_rounds"]))
         assert float(row["generated_tokens"]) == 128 * rounds and 0 <= float(row["dynamic_sampling/kept_groups"]) <= 16
         assert float(row["dynamic_sampling/kept_groups"]) == 16 or rounds == 3
     assert sum(float(row["dynamic_sampling/dropped_groups"]) for row in rows) > 0
     checks = _checks(output_dir)
-    assert list(checks) == [1, 2, 3, 4] and max(checks.values()) < 1e-3, checks
+    assert list(checks) == [1, 2] and max(checks.values()) < 1e-3, checks
 
 
 # --- tools: multi-turn rollouts with the zoom -------------------------------------------------------------------------
