@@ -38,7 +38,8 @@ ZEN = [
     "Namespaces are one honking",
 ]  # fmt: skip
 TRAIN, TEST = ZEN[:12], ZEN[12:]
-SUZAK_ONLY = ("/nonfinite_frac",)  # metrics suzak logs beside TRL's (rewards/<name>/nonfinite_frac)
+SUZAK_ONLY = ("/nonfinite_frac", "generated_tokens")  # metrics suzak logs beside TRL's (rewards/<name>/nonfinite_frac,
+# the tokens each step sampled)
 TIMING = ("runtime", "_per_second", "step_time")  # wall clock: train_runtime, eval_data1_samples_per_second, ...
 # TRL's tests use a high learning rate (tiny gradients); max_steps keeps each run to a few steps, on the CPU (the
 # config would otherwise ask for bf16, which a CPU-only machine refuses).
