@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stamp import commit  # bench/stamp.py (the script's folder is on sys.path)
+from stamp import commit, markdown_table  # bench/stamp.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_dynamic_sampling.jsonl"
@@ -81,11 +81,7 @@ def run_one(task: str, seed: int, dynamic: bool, args, tmp: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     """Per run, then per (task, setting): runs that reached the target, and the mean over those of each figure."""
-    lines = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-    for row in rows:
-        cells = [f"{row[k]:.4g}" if isinstance(row[k], float) else str(row[k]) for k in FIELDS]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| task | dynamic_sampling | reached 0.9 | mean steps | mean tokens | mean seconds | mean final |",
+    lines = [markdown_table(rows, FIELDS, digits=4), "", "| task | dynamic_sampling | reached 0.9 | mean steps | mean tokens | mean seconds | mean final |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     for key in sorted({(r["task"], r["dynamic_sampling"]) for r in rows}):
         runs = [r for r in rows if (r["task"], r["dynamic_sampling"]) == key]

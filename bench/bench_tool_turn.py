@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stamp import commit  # bench/stamp.py (the script's folder is on sys.path)
+from stamp import commit, markdown_table  # bench/stamp.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_tool_turn.jsonl"
@@ -118,11 +118,7 @@ def _condition(condition: str, iterations: int, prior, processor, budget, args, 
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-    for row in rows:
-        cells = [f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k]) for k in FIELDS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, FIELDS)
 
 
 def main() -> None:

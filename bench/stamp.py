@@ -17,3 +17,12 @@ def commit() -> str:
                               check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "?"
+
+
+def markdown_table(rows: list[dict], fields: tuple[str, ...], digits: int = 3) -> str:
+    """``rows`` as a Markdown table of ``fields``, floats to ``digits`` significant digits."""
+    lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    for row in rows:
+        cells = [f"{row[k]:.{digits}g}" if isinstance(row[k], float) else str(row[k]) for k in fields]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

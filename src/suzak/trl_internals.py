@@ -1096,7 +1096,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             for column, values in self.rollout_columns(environments).items():
                 self._log_completion_extra(column, values)
         rewards = self.screen_rewards(rewards, guard)
-        if self.model.training:  # (ranks x rows, functions) -> each group's std, for dynamic sampling
+        if self.dynamic_sampling is not None and self.model.training:  # (ranks x rows, functions) -> group std
             self._group_std = group_reward_std(rewards, self.reward_weights, self.num_generations)
         return rewards
 
