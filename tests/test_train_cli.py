@@ -365,11 +365,13 @@ def test_resume_from_latest_checkpoint(tmp_path, run_env):
 @pytest.mark.slow
 def test_torchrun_two_processes_gloo(tmp_path, run_env):
     """Two ranks, each with one group of 4, and dynamic sampling on: the ranks run the same refill rounds (decided
-    from the rewards TRL gathers; a rank doing another would hang the other's next collective)."""
+    from the rewards TRL gathers; a rank doing another would hang the other's next collective). The tiny model's
+    cache starts empty, so both ranks build it at once (rank 1's build once left a folder without config.json)."""
     out = tmp_path / "ddp"
+    env = {**run_env, "SUZAK_CACHE": str(tmp_path / "cache")}
     run_ok([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "suzak.train", "--config",
           SMOKE, "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(out),
-          "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "1"], run_env, timeout=600)  # fmt: skip
+          "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "1"], env, timeout=600)  # fmt: skip
     assert last_trainer_state(out)["global_step"] == 2
     with open(out / "metrics.csv", newline="") as file:
         rows = [row for row in csv.DictReader(file) if row.get("dynamic_sampling/extra_rounds")]
@@ -406,6 +408,30 @@ def test_tiny_cache_is_keyed_by_family_and_builder_and_built_whole(tmp_path, mon
     assert resolve_model_path("Qwen/Qwen2.5-VL-7B-Instruct") == "Qwen/Qwen2.5-VL-7B-Instruct"
     with pytest.raises(SuzakError, match=r"no tiny model of family 'qwen4_vl'; the tiny families are tiny:qwen2_vl"):
         resolve_model_path("tiny:qwen4_vl")
+
+
+def test_a_rank_other_than_0_builds_the_tiny_model_whole(tmp_path, monkeypatch):
+    """Under torch.distributed transformers saves weights and config on rank 0 only: a rank 1 that builds the tiny
+    model (here: a one-process gloo group whose rank reads 1) must still leave a whole folder in the cache."""
+    import socket
+
+    import torch.distributed as dist
+    import transformers.distributed.utils as transformers_distributed
+
+    from suzak.models.loading import resolve_model_path
+
+    monkeypatch.setenv("SUZAK_CACHE", str(tmp_path))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(transformers_distributed.torch.distributed, "get_rank", lambda *a, **k: 1)
+        path = Path(resolve_model_path("tiny"))
+    finally:
+        monkeypatch.undo()
+        dist.destroy_process_group()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in path.iterdir()}
 
 
 def test_recipe_dataset_options_stay_with_the_recipe_dataset(monkeypatch, caplog):

@@ -100,11 +100,12 @@ def resolve_model_path(name: str, *, for_vllm: bool = False) -> str:
     if not (path / "config.json").is_file():
         import shutil
 
-        from suzak.models.tiny import TinyConfig, build_tiny_model
+        from suzak.models.tiny import TinyConfig
 
         logger.info("building the offline tiny %s%s in %s", family, " (vLLM-ready: head_dim 32)" * for_vllm, path)
-        scratch = build_tiny_model(path.with_name(f"{path.name}.tmp-{os.getpid()}"),
-                                   TinyConfig.shaped(family, for_vllm=for_vllm))  # fmt: skip
+        scratch = _build_whole(
+            path.with_name(f"{path.name}.tmp-{os.getpid()}"), TinyConfig.shaped(family, for_vllm=for_vllm)
+        )
         try:
             scratch.rename(path)  # whole or absent: torchrun ranks may build at the same time
         except OSError:
@@ -112,6 +113,24 @@ def resolve_model_path(name: str, *, for_vllm: bool = False) -> str:
     elif for_vllm:
         logger.info("%s with vLLM generation: the vLLM-ready tiny %s (head_dim 32) in %s", name, family, path)
     return str(path)
+
+
+def _build_whole(folder: Path, config) -> Path:
+    """``build_tiny_model(folder, config)`` with every file written, also on a rank of a torch.distributed run.
+
+    Under an initialized process group transformers' ``save_pretrained`` writes the weights and config on global
+    rank 0 only (``should_save_on_this_rank``), silently: a torchrun rank 1 that built the tiny model first left a
+    folder of tokenizer files without ``config.json`` in the cache, and both ranks stopped at loading it. A rank
+    therefore builds in a fresh process of its own, which has no process group."""
+    from suzak.models.tiny import build_tiny_model
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return build_tiny_model(folder, config)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(build_tiny_model, folder, config).result()
 
 
 def pick_attn_implementation(requested: str | None) -> str:
