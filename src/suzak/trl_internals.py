@@ -564,6 +564,8 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
       (:func:`keep_vllm_cpu_weights_live`);
     - vLLM runs the policy's dtype: left to ``dtype="auto"`` it downcasts an fp32 checkpoint (the CPU policy's) to
       bf16 and samples from a rounded copy of the policy (TRL passes no dtype; on a GPU the policy is bf16 anyway);
+    - and eager, as suzak's evaluation engine does there (:func:`suzak.eval.engine.vllm_cpu_settings`: the compile
+      took over half the engine's start and gained nothing a step);
     - a model with Gated DeltaNet layers (Qwen3.5) is one line: vLLM 0.24's CPU kernel for them fails on a dtype
       mismatch, and on AMX CPUs it prepacks their convolution weights where the sync cannot write.
 
@@ -586,15 +588,18 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
     keep_vllm_cpu_weights_live()
     import trl.generation.vllm_generation as generation
 
+    from suzak.eval.engine import vllm_cpu_settings
+
     build = generation.LLM
     dtype = next(model.parameters()).dtype
 
     def build_in_policy_dtype(*args, **kwargs):
-        kwargs.setdefault("dtype", dtype)
+        for key, value in {"dtype": dtype, **vllm_cpu_settings()}.items():
+            kwargs.setdefault(key, value)
         return build(*args, **kwargs)
 
     generation.LLM = build_in_policy_dtype
-    logger.info("vLLM on the CPU samples in the policy's dtype (%s)", dtype)
+    logger.info("vLLM on the CPU samples in the policy's dtype (%s), eager (no torch.compile at start-up)", dtype)
     try:
         yield
     finally:
