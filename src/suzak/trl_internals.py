@@ -564,7 +564,7 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
       (:func:`keep_vllm_cpu_weights_live`);
     - vLLM runs the policy's dtype: left to ``dtype="auto"`` it downcasts an fp32 checkpoint (the CPU policy's) to
       bf16 and samples from a rounded copy of the policy (TRL passes no dtype; on a GPU the policy is bf16 anyway);
-    - and eager, as suzak's evaluation engine does there (:func:`suzak.eval.engine.vllm_cpu_settings`: the compile
+    - and eager, as suzak's evaluation engine does there (:func:`vllm_cpu_settings`: the compile
       took over half the engine's start and gained nothing a step);
     - a model with Gated DeltaNet layers (Qwen3.5) is one line: vLLM 0.24's CPU kernel for them fails on a dtype
       mismatch, and on AMX CPUs it prepacks their convolution weights where the sync cannot write.
@@ -588,8 +588,6 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
     keep_vllm_cpu_weights_live()
     import trl.generation.vllm_generation as generation
 
-    from suzak.eval.engine import vllm_cpu_settings
-
     build = generation.LLM
     dtype = next(model.parameters()).dtype
 
@@ -604,6 +602,21 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
         yield
     finally:
         generation.LLM = build
+
+
+def vllm_cpu_settings() -> dict[str, Any]:
+    """``vllm.LLM`` settings suzak gives vLLM's CPU build (the engine of CPU machines: tests, demos); none elsewhere.
+
+    ``enforce_eager``: at start-up vLLM compiles the model with ``torch.compile``, which on the CPU took ~12 s of a
+    ~21 s engine start (tiny Qwen2.5-VL, 2 cores, 2026-11-27; the colour self-test's training run 120 s compiled,
+    104 s eager over 40 steps) and bought nothing after: the model's share of those 40 steps was 4.4 s compiled,
+    4.8 s eager, with the same held-out answers. On a GPU vLLM's compiled graphs stay (CUDA graphs pay there).
+    """
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # no vLLM (a fake module in tests): nothing to set
+        return {}
+    return {"enforce_eager": True} if current_platform.is_cpu() else {}
 
 
 def _vllm_version() -> str:

@@ -250,21 +250,6 @@ def import_vllm():
     return vllm
 
 
-def vllm_cpu_settings() -> dict[str, Any]:
-    """``vllm.LLM`` settings suzak gives vLLM's CPU build (the engine of CPU machines: tests, demos); none elsewhere.
-
-    ``enforce_eager``: at start-up vLLM compiles the model with ``torch.compile``, which on the CPU took ~12 s of a
-    ~21 s engine start (tiny Qwen2.5-VL, 2 cores, 2026-11-27; the colour self-test's training run 120 s compiled,
-    104 s eager over 40 steps) and bought nothing after: the model's share of those 40 steps was 4.4 s compiled,
-    4.8 s eager, with the same held-out answers. On a GPU vLLM's compiled graphs stay (CUDA graphs pay there).
-    """
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:  # no vLLM (a fake module in tests): nothing to set
-        return {}
-    return {"enforce_eager": True} if current_platform.is_cpu() else {}
-
-
 class VLLMEngine(_BatchedEngine):
     """vLLM generation with the same prompts, pixel budget, suppressed tokens and dtype as :class:`HFEngine` (a GPU,
     or vLLM's CPU build).
@@ -308,6 +293,8 @@ class VLLMEngine(_BatchedEngine):
             kwargs["limit_mm_per_prompt"] = limits
         if self.max_images_per_prompt > 0:  # (a video request carries its own processor settings)
             kwargs["mm_processor_kwargs"] = {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels}
+        from suzak.trl_internals import vllm_cpu_settings
+
         return kwargs | vllm_cpu_settings() | self.llm_kwargs
 
     @property
