@@ -165,8 +165,8 @@ def plain_trl_trainer(suzak_args, grpo_args, model_args, callbacks):
     from trl import GRPOTrainer, get_peft_config
 
     from suzak.models.loading import load_model_and_processor, model_budget
-    from suzak.rewards import resolve_rewards
-    from suzak.session import build_datasets
+    from suzak.scoring.rewards import resolve_rewards
+    from suzak.training.session import build_datasets
 
     model, _ = load_model_and_processor(model_args, grpo_args)  # the same weights, dtype and attention as suzak's
     processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, min_pixels=suzak_args.min_pixels,

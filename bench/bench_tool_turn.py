@@ -57,10 +57,10 @@ def _condition(condition: str, iterations: int, prior, processor, budget, args, 
     from transformers import TrainerCallback
     from trl import GRPOConfig
 
-    from suzak.rewards import word_match
+    from suzak.models.tools import ZoomEnvironment, resolve_tools
+    from suzak.scoring.rewards import word_match
     from suzak.selftest import zoom_dataset
-    from suzak.tools import ZoomEnvironment, resolve_tools
-    from suzak.trainer import VLMGRPOTrainer
+    from suzak.training.trainer import VLMGRPOTrainer
 
     steps: list[float] = []
     loop: list[float] = []

@@ -1,4 +1,4 @@
-"""Cost of validating a whole dataset before step 1 (suzak.checks.validate_rows) on procedural CLEVR rows.
+"""Cost of validating a whole dataset before step 1 (suzak.training.checks.validate_rows) on procedural CLEVR rows.
 
     python bench/bench_validation.py                  # 70,000 rows (R1-V's CLEVR set is ~70k), every core
     python bench/bench_validation.py --rows 5000 --num_proc 1
@@ -33,10 +33,10 @@ def main() -> None:
     import datasets
     from transformers import AutoConfig
 
-    from suzak.checks import validate_rows
     from suzak.data.builders import clevr_synthetic
-    from suzak.rewards import clevr_count, gold_parser
-    from suzak.vision import PixelBudget
+    from suzak.media.vision import PixelBudget
+    from suzak.scoring.rewards import clevr_count, gold_parser
+    from suzak.training.checks import validate_rows
 
     start = time.perf_counter()
     dataset = clevr_synthetic(args.rows, seed=0, cache_dir=args.cache_dir)

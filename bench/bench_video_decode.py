@@ -1,4 +1,4 @@
-"""Cost of reading videos to the video budget (suzak.video.read_clip): PyAV decoding, frame sampling and fitting.
+"""Cost of reading videos to the video budget (suzak.media.video.read_clip): PyAV decoding, frame sampling and fitting.
 
     python bench/bench_video_decode.py                       # 10 s clips at 640x360, 30 fps; 16 frames at 2 fps
     python bench/bench_video_decode.py --seconds 60 --clips 4
@@ -50,8 +50,7 @@ def write_clip(path: Path, width: int, height: int, seconds: float, fps: int, se
 def measure(args) -> list[dict]:
     from transformers import AutoConfig
 
-    from suzak.video import decode_file, read_clip
-    from suzak.vision import VideoBudget
+    from suzak.media.video import VideoBudget, decode_file, read_clip
 
     budget = VideoBudget(fps=args.sample_fps, max_frames=args.max_frames, max_pixels=args.max_pixels).for_model(
         AutoConfig.for_model("qwen2_5_vl"))  # fmt: skip

@@ -21,7 +21,7 @@ def _rank() -> int:
 
 
 def inject(fault: str) -> None:
-    from suzak.trainer import VLMGRPOTrainer
+    from suzak.training.trainer import VLMGRPOTrainer
 
     kind, *where = fault.split(":")
     original = VLMGRPOTrainer.training_step

@@ -1,5 +1,5 @@
-"""Boxes in each family's frame (suzak.boxes): exact round trips at many budgets and aspect ratios, the frame equal to
-what the processor feeds the model, the answer forms parsed, the box rewards, ``python -m suzak.boxes``, and bad
+"""Boxes in each family's frame (suzak.media.boxes): exact round trips at many budgets and aspect ratios, the frame equal to
+what the processor feeds the model, the answer forms parsed, the box rewards, ``suzak boxes``, and bad
 boxes named before step 1."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from suzak.boxes import FRAMES, BoxFrame, box_iou, match_f1, model_answer, render_boxes, to_pixels, with_box_frame
-from suzak.parsing import box_parser, parse_boxes
-from suzak.rewards import REWARDS, box_f1, box_format, iou, rec_accuracy
-from suzak.vision import PixelBudget, family_factors
+from suzak.media.boxes import FRAMES, BoxFrame, box_iou, match_f1, model_answer, render_boxes, to_pixels, with_box_frame
+from suzak.media.vision import PixelBudget, family_factors
+from suzak.scoring.parsing import box_parser, parse_boxes
+from suzak.scoring.rewards import REWARDS, box_f1, box_format, iou, rec_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = [(3136, 12845056), (3136, 401408), (3136, 50176), (200704, 1003520), (65536, 262144)]
@@ -64,7 +64,7 @@ def test_the_frame_is_the_image_the_processor_feeds_the_model(family_model_dir, 
     within a pixel of resampling (Qwen2.5-VL) or a unit of 1000 (the relative frames)."""
     from transformers import AutoProcessor
 
-    from suzak.vision import configure_processor
+    from suzak.media.vision import configure_processor
 
     processor = AutoProcessor.from_pretrained(family_model_dir(family))
     factor = family_factors()[family]
@@ -182,10 +182,10 @@ def test_preflight_passes_grounding_rows_in_every_frame(family, template):
     """The pre-flight renders each row's gold box in the row's frame (Qwen2-VL's tokens, the others' JSON), in the
     template's answer format; every box reward gives it 1.0. The box read from the wrong answer format fails."""
     from suzak import SuzakError
-    from suzak.checks import preflight
     from suzak.data.grounding import grounding_shapes
-    from suzak.prompts import get_template
-    from suzak.rewards import resolve_reward
+    from suzak.scoring.prompts import get_template
+    from suzak.scoring.rewards import resolve_reward
+    from suzak.training.checks import preflight
 
     factor = family_factors()[family]
     rows = [with_box_frame(row, family, PixelBudget(3136, 401408, factor=factor))
@@ -224,8 +224,8 @@ def test_sft_targets_are_in_the_models_frame():
 def test_bad_gold_boxes_are_named_before_step_1(tmp_path, solution, reason):
     import datasets
 
-    from suzak.checks import validate_rows
-    from suzak.rewards import gold_parser
+    from suzak.scoring.rewards import gold_parser
+    from suzak.training.checks import validate_rows
 
     image = Image.new("RGB", (640, 480))
     rows = [{"image": image, "solution": "[1, 1, 9, 9]", "line": 1}, {"image": image, "solution": solution, "line": 2}]
@@ -234,11 +234,11 @@ def test_bad_gold_boxes_are_named_before_step_1(tmp_path, solution, reason):
     assert [(p.line, p.column) for p in problems] == [(2, "solution")] and reason in problems[0].reason
 
 
-# --- python -m suzak.boxes ------------------------------------------------------------------------------------------
+# --- suzak boxes (python -m suzak.media.boxes) ------------------------------------------------------------------
 
 
 def _boxes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "suzak.boxes", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "suzak.media.boxes", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
 
 
@@ -265,7 +265,7 @@ def test_the_boxes_command_prints_one_json_line_both_ways():
 def test_a_box_in_the_question_is_put_in_the_models_frame(family):
     """``{box}`` / ``{box2}`` in a question become the row's ``question_boxes`` (original pixels) in the frame the
     model answers in, at the budget's size: the same numbers as a gold box there (changing the budget moves them)."""
-    from suzak.boxes import question_box_text
+    from suzak.media.boxes import question_box_text
 
     image = Image.new("RGB", (1600, 900))  # larger than the budget: the resize matters
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Compare {box} with {box2}."}]}]
@@ -290,7 +290,7 @@ def test_question_boxes_that_cannot_be_put_are_one_line(tmp_path):
     import datasets
 
     from suzak import SuzakError
-    from suzak.checks import validate_rows
+    from suzak.training.checks import validate_rows
 
     image = Image.new("RGB", (640, 480))
     with pytest.raises(SuzakError, match=r"names \{box2\} and the row's question_boxes holds 1 box"):

@@ -1,4 +1,4 @@
-"""The checks before step 1 (suzak.checks): the reward pre-flight, the visual-token pre-check (vLLM's bounds check is
+"""The checks before step 1 (suzak.training.checks): the reward pre-flight, the visual-token pre-check (vLLM's bounds check is
 in tests/test_vllm_colocate.py and, against vLLM itself, tests/test_vllm_boundary.py)."""
 
 from __future__ import annotations
@@ -9,9 +9,16 @@ import pytest
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.checks import precheck, preflight
-from suzak.rewards import clevr_count, gsm8k_accuracy, gsm8k_format, resolve_reward, resolve_rewards, think_format
-from suzak.vision import PixelBudget
+from suzak.media.vision import PixelBudget
+from suzak.scoring.rewards import (
+    clevr_count,
+    gsm8k_accuracy,
+    gsm8k_format,
+    resolve_reward,
+    resolve_rewards,
+    think_format,
+)
+from suzak.training.checks import precheck, preflight
 from test_rewards import GSM8K_NATALIA
 
 # --- pre-flight --------------------------------------------------------------------------------------------------
@@ -33,7 +40,7 @@ def gsm8k_rows():
 
 
 def test_preflight_clevr_passes(caplog):
-    with caplog.at_level(logging.INFO, logger="suzak.checks"):
+    with caplog.at_level(logging.INFO, logger="suzak.training.checks"):
         preflight(clevr_rows(), resolve_rewards(["clevr_count", "think_format"]), "think_answer")
     assert "clevr_count, think_format" in caplog.text and "8 rows" in caplog.text
 
@@ -117,7 +124,7 @@ def test_r1v_accuracy_passes_the_preflight():
 
 
 def test_precheck_reports_and_warns(tiny_processor, caplog):
-    from suzak.prompts import build_conversation
+    from suzak.scoring.prompts import build_conversation
 
     rows = [
         {"prompt": build_conversation("How many items are there in the image?"), "image": Image.new("RGB", (320, 240))},

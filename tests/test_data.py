@@ -12,7 +12,7 @@ from PIL import Image
 
 from suzak import SuzakError
 from suzak.data.builders import build_dataset, clevr_synthetic, gsm8k, gsm8k_gold, jsonl, save_dataset
-from suzak.prompts import render_prompt
+from suzak.scoring.prompts import render_prompt
 
 
 def _user_text(prompt: list[dict]) -> str:

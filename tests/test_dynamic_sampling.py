@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from suzak import SuzakError
-from suzak.parsing import completion_text
+from suzak.scoring.parsing import completion_text
 from suzak.trl_internals import DynamicSampling, merge_scored_rows
 from test_trainer import image_dataset, make_trainer
 
@@ -156,7 +156,7 @@ def test_a_rank_batch_of_part_groups_stops_before_step_1(tiny_model_dir, tmp_pat
     ("--dynamic_sampling_min_std", "-0.5", "dynamic_sampling_min_std -0.5 must be >= 0"),
 ])  # fmt: skip
 def test_bad_dynamic_sampling_flags_are_one_line(flag, value, said):
-    from suzak.configs import parse_args
+    from suzak.training.configs import parse_args
 
     with pytest.raises(SuzakError, match=re.escape(said)):
         parse_args(["--config", "recipes/smoke.yaml", "--dynamic_sampling", "true", flag, value])

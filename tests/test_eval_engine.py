@@ -14,8 +14,8 @@ from suzak.eval.engine import VISION_PLACEHOLDERS, HFEngine, vision_token_ids
 from suzak.eval.models import load_eval_model
 from suzak.eval.runner import EvalConfig, build_engine, evaluate, prepare_items
 from suzak.eval.tasks import TASKS, get_task, score
-from suzak.prompts import build_conversation, render_prompt
-from suzak.vision import PixelBudget
+from suzak.media.vision import PixelBudget
+from suzak.scoring.prompts import build_conversation, render_prompt
 
 BUDGET = PixelBudget(3136, 100352, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 SIZES = [(640, 480), (320, 240), (100, 700), (50, 50), (480, 640)]  # (w, h)

@@ -12,7 +12,7 @@ from suzak import SuzakError
 from suzak.eval.report import REFERENCES, RunResult, accuracy, markdown_summary, mean_std, write_results
 from suzak.eval.runner import EvalConfig, PartialStore, prepare_items, result_row, seed_output_path, shard
 from suzak.eval.tasks import SCORERS, SCORING_RULES, TASKS, EvalItem, get_task, load_items, resolve_template, score
-from suzak.rewards import REWARDS
+from suzak.scoring.rewards import REWARDS
 
 # Each row's verdicts were worked out from the two rules' definitions (R1-V's: the first <answer>\s*(\d+)\s*</answer>
 # as an int; math-verify of the whole output against the raw gold. suzak's: the last tag, read strictly), then

@@ -10,7 +10,7 @@ import pytest
 
 from suzak import SuzakError
 from suzak.eval.runner import EvalConfig, PartialStore, _settings, default_budget, eval_task
-from suzak.vision import PixelBudget, images_of
+from suzak.media.vision import PixelBudget, images_of
 
 BUDGET = PixelBudget(3136, 3136)  # the 224-pixel images seen at 2x2 visual tokens; crops at the same budget
 

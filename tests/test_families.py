@@ -25,9 +25,9 @@ from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from suzak import SuzakError
+from suzak.media.vision import VISION_PLACEHOLDERS, PixelBudget, configure_processor, patch_factor, vision_token_ids
 from suzak.models.tiny import SPECIAL_TOKENS, TEXT, chat_template
-from suzak.prompts import build_conversation, render_prompt
-from suzak.vision import VISION_PLACEHOLDERS, PixelBudget, configure_processor, patch_factor, vision_token_ids
+from suzak.scoring.prompts import build_conversation, render_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
@@ -163,8 +163,8 @@ def _engine_row(item):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sft_step_on_each_family(family_model_dir, tmp_path, family):
     """suzak.sft's trainer (TRL's SFTTrainer, images fitted to the model's budget) takes optimizer steps."""
-    from suzak.configs import parse_sft_args
     from suzak.sft import build_sft_trainer
+    from suzak.training.configs import parse_sft_args
 
     suzak_args, sft_args, model_args = parse_sft_args([
         "--config", str(ROOT / "recipes" / "sft_clevr_smoke.yaml"), "--model_name_or_path", str(family_model_dir(family)),
@@ -283,8 +283,8 @@ def test_evaluation_run_on_each_text_family(family_model_dir, gsm8k_jsonl, tmp_p
 @pytest.mark.parametrize("family", TEXT)
 def test_sft_step_on_each_text_family(family_model_dir, tmp_path, family):
     """suzak.sft's trainer on GSM8K rows (the completion only in the loss) takes optimizer steps."""
-    from suzak.configs import parse_sft_args
     from suzak.sft import build_sft_trainer
+    from suzak.training.configs import parse_sft_args
 
     suzak_args, sft_args, model_args = parse_sft_args([
         "--config", str(ROOT / "recipes" / "sft_smoke.yaml"), "--model_name_or_path", str(family_model_dir(family)),
@@ -438,7 +438,7 @@ def test_budget_below_one_token_of_the_model(loaded):
 
 def test_qwen3_5_thinking_prompt_stops_a_think_answer_run(loaded):
     """Qwen3.5's template opens <think> in the prompt: R1-V's think_answer format would score every completion 0."""
-    from suzak.checks import check_answer_opening
+    from suzak.training.checks import check_answer_opening
 
     processor, _ = loaded("qwen3_5")
     with pytest.raises(SuzakError, match=r"ends every generation prompt with <think> \(Qwen3.5's thinking mode\)"):
@@ -450,7 +450,7 @@ def test_qwen3_5_thinking_prompt_stops_a_think_answer_run(loaded):
 
 
 def test_qwen3_5_grpo_with_think_format_stops_before_step_1(family_model_dir, tmp_path):
-    from suzak.rewards import REWARDS
+    from suzak.scoring.rewards import REWARDS
     from test_trainer import image_dataset, make_trainer
 
     trainer = make_trainer(family_model_dir("qwen3_5"), tmp_path, image_dataset(4), [REWARDS["think_format"]],

@@ -368,7 +368,7 @@ def test_a_failed_mirror_copy_is_a_warning_and_a_count(tmp_path, caplog):
 
 def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
     from suzak.runs.record import start_run
-    from suzak.session import use_wandb_run
+    from suzak.training.session import use_wandb_run
 
     for name in ("WANDB_RUN_ID", "WANDB_RESUME"):
         monkeypatch.delenv(name, raising=False)
@@ -385,7 +385,7 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
 
 
 def test_bad_fault_settings_are_one_line():
-    from suzak.configs import parse_args
+    from suzak.training.configs import parse_args
 
     with pytest.raises(SuzakError, match=r"^stop_signals: 'SIGFOO' is not a signal name"):
         parse_args(["--config", SMOKE, "--stop_signals", "SIGFOO"])

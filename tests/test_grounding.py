@@ -13,12 +13,12 @@ import pytest
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import BoxFrame
 from suzak.data.grounding import grounding_shapes
 from suzak.data.refcoco import VLM_R1_PREFIX, refcoco
 from suzak.eval.tasks import box_gold, get_task, score
-from suzak.rewards import rec_accuracy
-from suzak.vision import PixelBudget
+from suzak.media.boxes import BoxFrame
+from suzak.media.vision import PixelBudget
+from suzak.scoring.rewards import rec_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -93,7 +93,7 @@ def test_prompt_bound_is_a_full_pixel_budget_of_visual_tokens():
 
 
 def test_deepspeed_auto_without_a_gpu_is_one_line():
-    from suzak.configs import parse_args
+    from suzak.training.configs import parse_args
 
     with pytest.raises(SuzakError, match="deepspeed auto: no GPU here"):
         parse_args(["--config", "recipes/smoke.yaml", "--deepspeed", "auto"])
@@ -105,7 +105,7 @@ def test_deepspeed_auto_picks_a_config_on_a_gpu(monkeypatch, caplog):
 
     import torch
 
-    from suzak.configs import _resolve_auto_deepspeed
+    from suzak.training.configs import _resolve_auto_deepspeed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: Namespace(total_memory=80 * 2**30))

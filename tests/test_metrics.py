@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from suzak.configs import parse_args
-from suzak.redaction import MASK, RedactingFilter, is_secret_name, redact, secret_values
 from suzak.runs.checkpoints import MARKER, checkpoint_problem
 from suzak.runs.plots import plot_run
 from suzak.runs.record import recipe_as_run, save_recipe, start_run
+from suzak.runs.redaction import MASK, RedactingFilter, is_secret_name, redact, secret_values
 from suzak.runs.streams import CSVStream, MetricsCSVCallback, add_run_callbacks
+from suzak.training.configs import parse_args
 from suzak.trl_internals import completion_rows
 from test_trainer import image_dataset, length_reward, make_trainer
 
@@ -197,7 +197,7 @@ def test_redaction_of_env_values_in_text_dicts_and_logs(monkeypatch, capsys):
 
 
 def test_recipe_as_run_masks_secrets_and_keeps_overrides(monkeypatch, tmp_path):
-    from suzak.configs import full_argv
+    from suzak.training.configs import full_argv
 
     monkeypatch.setenv("HF_TOKEN", "hf_FAKEsecret123")
     argv = ["--config", SMOKE, "--max_steps", "3", "--hub_token", "hf_typedONCLI", "--run_name", "x-hf_FAKEsecret123"]
@@ -214,7 +214,7 @@ def test_recipe_as_run_masks_secrets_and_keeps_overrides(monkeypatch, tmp_path):
 
 
 def test_run_name_comes_from_the_recipe():
-    from suzak.session import setup_reporting
+    from suzak.training.session import setup_reporting
 
     _, grpo, _ = parse_args(["--config", SMOKE])
     setup_reporting(grpo, recipe=SMOKE)

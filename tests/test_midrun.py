@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from suzak import SuzakError
 from suzak.runs.checkpoints import MARKER, checkpoint_problem, latest_checkpoint
 from suzak.runs.streams import add_run_callbacks
-from suzak.session import check_trained
-from suzak.trainer import ROW_COLUMN, number_rows
+from suzak.training.session import check_trained
+from suzak.training.trainer import ROW_COLUMN, number_rows
 from suzak.trl_internals import RewardFault, RewardGuard
 from test_trainer import image_dataset, length_reward, make_trainer
 

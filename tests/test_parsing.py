@@ -1,10 +1,10 @@
-"""Tables for suzak.parsing: hand-built (input, expected) rows, as open-r1 tests its rewards."""
+"""Tables for suzak.scoring.parsing: hand-built (input, expected) rows, as open-r1 tests its rewards."""
 
 from decimal import Decimal
 
 import pytest
 
-from suzak.parsing import (
+from suzak.scoring.parsing import (
     completion_text,
     extract_tag,
     gold_answer,

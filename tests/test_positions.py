@@ -96,8 +96,7 @@ def qwen2_5_vl(family_model_dir):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from suzak.data.motion import moving_ball
-    from suzak.video import processor_kwargs, row_clip
-    from suzak.vision import VideoBudget
+    from suzak.media.video import VideoBudget, processor_kwargs, row_clip
 
     path = family_model_dir("qwen2_5_vl")
     processor = AutoProcessor.from_pretrained(path)

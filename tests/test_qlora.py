@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from suzak import SuzakError
-from suzak.vision import PixelBudget
+from suzak.media.vision import PixelBudget
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")
@@ -68,8 +68,8 @@ def test_quantize_vision_tower_quantizes_it_too(tiny_model_dir, tmp_path):
 
 def test_qlora_sft_step(tmp_path):
     """suzak.sft on the 4-bit tiny model: an optimizer step, adapters only."""
-    from suzak.configs import parse_sft_args
     from suzak.sft import build_sft_trainer
+    from suzak.training.configs import parse_sft_args
 
     parsed = parse_sft_args(["--config", str(ROOT / "recipes" / "sft_clevr_smoke.yaml"), "--dataset_options",
                              '{"num_rows": 8}', "--eval_rows", "0", "--max_steps", "1", "--save_strategy", "no",
@@ -95,7 +95,7 @@ def test_qlora_sft_step(tmp_path):
     ],
 )
 def test_qlora_settings_that_cannot_work_are_one_line(flags, message):
-    from suzak.configs import parse_args
+    from suzak.training.configs import parse_args
 
     with pytest.raises(SuzakError, match=message):
         parse_args(["--config", SMOKE, *flags])

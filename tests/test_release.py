@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from suzak import SuzakError
-from suzak.configs import full_argv, parse_args
 from suzak.release.publish import build_release, release_request
 from suzak.runs.record import finish_run, save_recipe, start_run
+from suzak.training.configs import full_argv, parse_args
 from test_metrics import write_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,8 +6,7 @@ import pickle
 import pytest
 
 from suzak import SuzakError
-from suzak.checks import preflight
-from suzak.rewards import (
+from suzak.scoring.rewards import (
     REWARDS,
     clevr_count,
     gsm8k_accuracy,
@@ -18,6 +17,7 @@ from suzak.rewards import (
     resolve_rewards,
     think_format,
 )
+from suzak.training.checks import preflight
 
 GSM8K_NATALIA = (
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
@@ -299,11 +299,11 @@ def test_registry_names():
 
 
 def test_resolve_dotted_paths():
-    assert resolve_reward("suzak.rewards.think_format") is think_format
+    assert resolve_reward("suzak.scoring.rewards.think_format") is think_format
     assert resolve_reward(f"{__name__}.my_reward") is my_reward
 
 
-@pytest.mark.parametrize("name", ["clevr", "suzak.rewards.nope", "no_such_pkg.reward"])
+@pytest.mark.parametrize("name", ["clevr", "suzak.scoring.rewards.nope", "no_such_pkg.reward"])
 def test_resolve_unknown_lists_known(name):
     with pytest.raises(SuzakError) as info:
         resolve_reward(name)
@@ -314,7 +314,7 @@ def test_resolve_unknown_lists_known(name):
 
 def test_resolve_not_callable():
     with pytest.raises(SuzakError, match="not a function"):
-        resolve_reward("suzak.rewards.REWARDS")
+        resolve_reward("suzak.scoring.rewards.REWARDS")
 
 
 def test_resolve_kwargs_partial_keeps_name():
@@ -349,7 +349,7 @@ def test_resolve_rewards():
 
 
 def test_word_match_reads_one_word_answers_in_either_format():
-    from suzak.rewards import gold_parser, word_match
+    from suzak.scoring.rewards import gold_parser, word_match
 
     logged = {}
     scores = word_match(["red", " Blue.", "red blue", "", "<answer>red</answer>"], solution=["red", "blue", "red",

@@ -113,8 +113,9 @@ def test_video_answer_prior_teaches_colour_words_and_nothing_about_the_frames(ti
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from suzak.eval.engine import HFEngine
+    from suzak.media.video import VideoBudget
+    from suzak.media.vision import PixelBudget
     from suzak.selftest import _answer_ids, _video_answer_prior, video_dataset
-    from suzak.vision import PixelBudget, VideoBudget
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
@@ -161,8 +162,8 @@ def test_eval_engine_suppresses_what_training_suppressed(tiny_model_dir, tmp_pat
     from trl import GRPOConfig, GRPOTrainer
 
     from suzak.eval.engine import HFEngine
-    from suzak.trainer import VLMGRPOTrainer
-    from suzak.vision import VISION_PLACEHOLDERS, vision_token_ids
+    from suzak.media.vision import VISION_PLACEHOLDERS, vision_token_ids
+    from suzak.training.trainer import VLMGRPOTrainer
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
@@ -334,9 +335,9 @@ def test_zoom_selftest_runs_each_condition_end_to_end(monkeypatch):
 def test_grounding_selftest_scores_boxes_in_the_models_frame():
     """The self-test's held-out score is the IoU in the family's frame of the image as the budget resized it (112
     pixels shown at one 28-pixel token): the right cell written in resized pixels scores 1, in original pixels 0."""
-    from suzak.boxes import with_box_frame
+    from suzak.media.boxes import with_box_frame
+    from suzak.media.vision import PixelBudget
     from suzak.selftest import SelfTestConfig, _score, grounding_dataset
-    from suzak.vision import PixelBudget
 
     config = SelfTestConfig(task="grounding")
     row = next(iter(grounding_dataset(1, seed=0, size=112)))

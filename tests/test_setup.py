@@ -127,6 +127,6 @@ def _download_then_install(tmp_path: Path) -> None:
     assert offline.returncode == 0, offline.stdout[-3000:] + offline.stderr[-3000:]
     assert "offline install from" in offline.stdout and "deepspeed 0.19.8" in offline.stdout
     check = subprocess.run(["unshare", "-n", str(copy / ".venv/bin/python"), "-c",
-                            "import suzak.train, suzak.trainer, deepspeed, trl; print(trl.__version__)"],
+                            "import suzak.train, suzak.training.trainer, deepspeed, trl; print(trl.__version__)"],
                            cwd=copy, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert check.returncode == 0 and check.stdout.strip().endswith("1.16.0"), check.stderr[-2000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import last_trainer_state, run_ok
-from suzak.rewards import REWARDS
+from suzak.scoring.rewards import REWARDS
 from suzak.sft import sft_completion
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("template", ["gsm8k", "gsm8k_think"])
 def test_gsm8k_sft_targets_score_full_marks(gsm8k_jsonl, template):
     from suzak.data.builders import gsm8k
-    from suzak.prompts import get_template
+    from suzak.scoring.prompts import get_template
 
     answer_format = get_template(template).answer_format
     for row in gsm8k(path=str(gsm8k_jsonl), template=template):
@@ -147,7 +147,7 @@ def test_text_model_grpo_resume_sft_lora_eval_and_release(tmp_path, run_env):
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")))
 def test_every_recipe_parses(recipe):
-    from suzak.configs import parse_args, parse_sft_args
+    from suzak.training.configs import parse_args, parse_sft_args
 
     parse = parse_sft_args if recipe.startswith("sft_") else parse_args
     suzak_args, args, model = parse(["--config", str(ROOT / "recipes" / recipe)])

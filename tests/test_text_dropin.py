@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from suzak.models.tiny import TEXT
-from suzak.trainer import VLMGRPOTrainer
+from suzak.training.trainer import VLMGRPOTrainer
 
 # The first lines of the Zen of Python, as TRL's "zen" test dataset: prompts to be completed.
 ZEN = [

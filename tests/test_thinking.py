@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from suzak import SuzakError
-from suzak.prompts import after_opening, render_answer, template_opening
-from suzak.rewards import REWARDS, read_after_opening
-from suzak.vision import PixelBudget
+from suzak.media.vision import PixelBudget
+from suzak.scoring.prompts import after_opening, render_answer, template_opening
+from suzak.scoring.rewards import REWARDS, read_after_opening
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")
@@ -51,7 +51,7 @@ def test_rewards_read_the_completion_after_the_opening():
 
 
 def test_preflight_passes_with_the_opening_and_fails_without_it():
-    from suzak.checks import preflight
+    from suzak.training.checks import preflight
 
     rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
     rewards = [
@@ -74,7 +74,7 @@ def test_qwen3_5_grpo_with_opening_in_completion_trains(family_model_dir, tmp_pa
         seen.extend(c[0]["content"] if isinstance(c, list) else c for c in completions)
         return length_reward(completions)
 
-    from suzak.trainer import VLMGRPOTrainer
+    from suzak.training.trainer import VLMGRPOTrainer
 
     trainer = make_trainer(family_model_dir("qwen3_5"), tmp_path, image_dataset(4), [REWARDS["think_format"], recording],
                            cls=_opening_trainer(VLMGRPOTrainer), budget=PixelBudget(3136, 50176), max_steps=1,
@@ -102,8 +102,8 @@ def test_evaluation_scores_the_turn_as_training_rewards_it(family_model_dir, mon
 
     from suzak.eval.engine import HFEngine
     from suzak.eval.tasks import get_task, score_rules
-    from suzak.parsing import is_think_format
-    from suzak.prompts import build_conversation, render_prompt
+    from suzak.scoring.parsing import is_think_format
+    from suzak.scoring.prompts import build_conversation, render_prompt
 
     path = family_model_dir("qwen3_5")
     engine = HFEngine(AutoModelForImageTextToText.from_pretrained(path), AutoProcessor.from_pretrained(path),
@@ -127,7 +127,7 @@ def test_evaluation_scores_the_turn_as_training_rewards_it(family_model_dir, mon
 def test_a_stop_names_both_ways_out(family_model_dir):
     from transformers import AutoProcessor
 
-    from suzak.checks import check_answer_opening
+    from suzak.training.checks import check_answer_opening
 
     with pytest.raises(SuzakError, match=r"opening_in_completion: true .*{enable_thinking: false}"):
         check_answer_opening(AutoProcessor.from_pretrained(family_model_dir("qwen3_5")), "think_answer")

@@ -8,7 +8,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from suzak.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, TinyConfig, build_model, build_tokenizer
-from suzak.prompts import build_conversation, render_answer, render_prompt
+from suzak.scoring.prompts import build_conversation, render_answer, render_prompt
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tools in GRPO rollouts (suzak.tools, suzak.models.tool_calling): the zoom's crops and errors, each family's tool
+"""Tools in GRPO rollouts (suzak.models.tools, suzak.models.tool_calling): the zoom's crops and errors, each family's tool
 template and parser, the settings' checks, and multi-turn GRPO with the zoom on the tiny model."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import BoxFrame
-from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZOOM_PROBLEMS, ToolError, ZoomEnvironment, resolve_tools
-from suzak.vision import PixelBudget
+from suzak.media.boxes import BoxFrame
+from suzak.media.vision import PixelBudget
+from suzak.models.tools import ORIGINAL_IMAGE_COLUMN, ZOOM_PROBLEMS, ToolError, ZoomEnvironment, resolve_tools
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 
@@ -147,7 +147,7 @@ def test_each_family_renders_and_parses_a_zoom_call(family, family_model_dir):
 
 
 def test_tool_settings_are_checked_before_the_model_loads(tmp_path):
-    from suzak.configs import parse_args
+    from suzak.training.configs import parse_args
 
     base = ["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--tools", "zoom",
             "--min_pixels", "3136", "--max_pixels", "50176"]  # fmt: skip
@@ -206,9 +206,9 @@ def test_a_zoom_turn_that_cannot_fit_stops_before_step_1(tiny_model_dir, tmp_pat
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import GRPOConfig
 
-    from suzak.rewards import word_match
+    from suzak.scoring.rewards import word_match
     from suzak.selftest import zoom_dataset  # noqa: F401
-    from suzak.trainer import VLMGRPOTrainer
+    from suzak.training.trainer import VLMGRPOTrainer
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)

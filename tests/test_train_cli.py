@@ -15,10 +15,10 @@ import torch
 
 from conftest import last_trainer_state, run_ok
 from suzak import SuzakError
-from suzak.configs import parse_args
-from suzak.rewards import resolve_rewards
 from suzak.runs.checkpoints import checkpoint_problem, latest_checkpoint
-from suzak.session import setup_reporting
+from suzak.scoring.rewards import resolve_rewards
+from suzak.training.configs import parse_args
+from suzak.training.session import setup_reporting
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "recipes" / "smoke.yaml")
@@ -62,7 +62,7 @@ def test_reward_kwargs_on_the_cli_update_the_recipes_reward_by_reward(tmp_path, 
     resolve_rewards(merged.rewards, merged.reward_kwargs)  # the recipe's other reward keeps its kwargs
     dropped = parse_args([*recipe, '--reward_kwargs={"gsm8k_format": null}'])[0]
     assert dropped.reward_kwargs is None
-    with caplog.at_level("INFO", logger="suzak.configs"):
+    with caplog.at_level("INFO", logger="suzak.training.configs"):
         fewer = parse_args([*recipe, "--rewards", "gsm8k_accuracy", "--reward_weights", "1.0"])[0]
     assert fewer.reward_kwargs is None and "the recipe's reward_kwargs for it are not applied" in caplog.text
     resolve_rewards(fewer.rewards, fewer.reward_kwargs)  # runs: no stray kwargs for the reward left out
@@ -197,7 +197,7 @@ R1V_RUNS = [
 def test_r1v_run_recipes(recipe, model_name, dataset, rewards, length, pixels, published, per_step):
     from transformers import AutoConfig
 
-    from suzak.vision import PixelBudget
+    from suzak.media.vision import PixelBudget
 
     path = ROOT / "recipes" / recipe
     suzak_args, grpo, model = parse_args(["--config", str(path)])
@@ -438,7 +438,7 @@ def test_recipe_dataset_options_stay_with_the_recipe_dataset(monkeypatch, caplog
     """The smoke recipe's options are for gsm8k_synthetic: another dataset (flag or DATASET) does not inherit them."""
     recipe = ["--config", "recipes/gsm8k_smoke.yaml"]
     assert parse_args(recipe)[0].dataset_options  # the recipe's own dataset: its options apply
-    with caplog.at_level("INFO", logger="suzak.configs"):
+    with caplog.at_level("INFO", logger="suzak.training.configs"):
         other = parse_args([*recipe, "--dataset_name", "tests/fixtures/gsm8k_tiny.jsonl"])[0]
     assert other.dataset_options is None and "the recipe's dataset_options" in caplog.text
     monkeypatch.setenv("DATASET", "tests/fixtures/gsm8k_tiny.jsonl")
@@ -453,7 +453,7 @@ def test_suzak_arguments_docstring_lists_every_field_under_its_heading_in_order(
     import dataclasses
     import re
 
-    from suzak.configs import SuzakArguments
+    from suzak.training.configs import SuzakArguments
 
     named = re.findall(r"``(\w+)``", SuzakArguments.__doc__.split("> Parameters", 1)[1])
     assert named == [f.name for f in dataclasses.fields(SuzakArguments)]

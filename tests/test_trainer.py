@@ -10,11 +10,11 @@ from datasets import Dataset
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
+from suzak.media.vision import PixelBudget, fit_row_images
 from suzak.models.loading import load_model_and_processor, vision_parameters
-from suzak.parsing import completion_text
-from suzak.prompts import build_conversation, render_prompt
-from suzak.trainer import VLMGRPOTrainer
-from suzak.vision import PixelBudget, fit_row_images
+from suzak.scoring.parsing import completion_text
+from suzak.scoring.prompts import build_conversation, render_prompt
+from suzak.training.trainer import VLMGRPOTrainer
 
 BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 SIZES = [(320, 240), (100, 700), (640, 200), (50, 50), (200, 90), (90, 300), (400, 400), (150, 60)]  # (w, h)
@@ -129,12 +129,12 @@ def test_fit_row_images_covers_every_image_path():
 
 def test_copies_of_one_image_in_a_batch_are_resized_once(monkeypatch):
     """TRL repeats each prompt num_generations times, each a separately decoded copy: one resize serves them all."""
-    import suzak.vision
+    import suzak.media.vision
 
     calls = []
-    original = suzak.vision.fit_image
+    original = suzak.media.vision.fit_image
     monkeypatch.setattr(
-        suzak.vision, "fit_image", lambda image, *a, **k: calls.append(image.size) or original(image, *a, **k)
+        suzak.media.vision, "fit_image", lambda image, *a, **k: calls.append(image.size) or original(image, *a, **k)
     )
     copies = [_image(3, (320, 240)) for _ in range(8)] + [_image(4, (320, 240))]  # equal content, distinct objects
     memo: dict = {}
@@ -200,7 +200,7 @@ def test_rows_with_and_without_images_mix_in_a_batch(tiny_model_dir, tmp_path, c
     (image-only and text-only chunks), each image row with its own image tokens."""
     import datasets
 
-    from suzak.prompts import build_conversation
+    from suzak.scoring.prompts import build_conversation
 
     rows = []
     for key, row in enumerate(image_dataset(4).to_list()):
@@ -248,7 +248,7 @@ def test_beta_positive_uses_reference_model(tiny_model_dir, tmp_path):
 
 def test_train_runs_preflight_first(tiny_model_dir, tmp_path):
     from suzak import SuzakError
-    from suzak.rewards import REWARDS
+    from suzak.scoring.rewards import REWARDS
 
     trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [REWARDS["clevr_count"]])
     trainer.answer_format = "gsm8k_hash"  # deliberately not what clevr_count parses

@@ -348,7 +348,7 @@ def test_a_list_in_the_scored_batch_is_shuffled_and_split_with_the_rows():
 
 
 def test_tool_loop_internals_the_zoom_relies_on():
-    """The zoom (suzak.tools, VLMGRPOTrainer): TRL resets one environment per rollout with the row's columns as
+    """The zoom (suzak.models.tools, VLMGRPOTrainer): TRL resets one environment per rollout with the row's columns as
     keywords and keeps them in ``self.environments``; ``_get_tool_suffix_ids`` gives a tool turn's tokens (the
     pre-check's size); the scored batch's ``tool_mask`` marks the tool turns (masked out of the sampler guard, whose
     logprobs TRL fills with 0 there); the response templates of Qwen's two call forms live in chat_template_utils."""

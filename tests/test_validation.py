@@ -13,10 +13,10 @@ import pytest
 from PIL import Image
 
 from conftest import ROOT
-from suzak.checks import RowProblem, validate_rows
 from suzak.data import build_dataset
-from suzak.rewards import clevr_count, gold_parser, resolve_reward
-from suzak.vision import PixelBudget
+from suzak.media.vision import PixelBudget
+from suzak.scoring.rewards import clevr_count, gold_parser, resolve_reward
+from suzak.training.checks import RowProblem, validate_rows
 
 BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
 PARSERS = {"clevr_count": gold_parser(clevr_count)}

@@ -13,11 +13,11 @@ from trl import GRPOConfig, ModelConfig
 
 from suzak import SuzakError
 from suzak.data.motion import moving_ball
+from suzak.media.video import Clip, VideoBudget, clip_key, processor_kwargs, read_clip, video_of, with_video
+from suzak.media.vision import PixelBudget
 from suzak.models.loading import load_model_and_processor
-from suzak.parsing import completion_text
-from suzak.trainer import VLMGRPOTrainer
-from suzak.video import Clip, clip_key, processor_kwargs, read_clip
-from suzak.vision import PixelBudget, VideoBudget, video_of, with_video
+from suzak.scoring.parsing import completion_text
+from suzak.training.trainer import VLMGRPOTrainer
 
 VIDEO_FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
 BUDGET = VideoBudget(fps=4.0, min_frames=4, max_frames=8, min_pixels=3136, max_pixels=12544)
@@ -310,7 +310,7 @@ def test_a_row_with_images_and_a_video_is_one_line(tiny_model_dir, tmp_path):
 
 
 def test_a_bad_video_budget_flag_is_one_line():
-    from suzak.configs import SuzakArguments
+    from suzak.training.configs import SuzakArguments
 
     with pytest.raises(SuzakError, match=r"^video budget: need 2 <= video min_frames <= max_frames, got 1 and 16"):
         SuzakArguments(video_min_frames=1)
@@ -320,7 +320,7 @@ def test_a_bad_video_budget_flag_is_one_line():
 def test_validation_names_a_missing_or_broken_video_before_step_1(tmp_path):
     from datasets import Dataset
 
-    from suzak.checks import validate_rows
+    from suzak.training.checks import validate_rows
 
     write_mp4(tmp_path / "good.mp4", _frames(6))
     (tmp_path / "broken.mp4").write_bytes(b"\x00" * 64)
@@ -337,7 +337,7 @@ def test_validation_of_a_dataset_mixing_image_rows_and_video_rows(tmp_path):
     or neither, is named before step 1."""
     import datasets
 
-    from suzak.checks import validate_rows
+    from suzak.training.checks import validate_rows
 
     write_mp4(tmp_path / "good.mp4", _frames(6))
     Image.new("RGB", (32, 32)).save(tmp_path / "red.png")
@@ -356,7 +356,7 @@ def test_validation_of_a_dataset_mixing_image_rows_and_video_rows(tmp_path):
 
 
 def test_precheck_counts_video_tokens_and_stops_a_video_prompt_past_the_context(tiny_processor):
-    from suzak.checks import precheck
+    from suzak.training.checks import precheck
 
     dataset = moving_ball(4, seed=0)
     budget = BUDGET.for_model(tiny_processor)
@@ -427,9 +427,9 @@ def test_video_r1_reads_a_local_copy_and_counts_missing_videos(tmp_path, caplog)
 
 
 def test_video_r1_from_the_hub_fails_offline_in_one_line(monkeypatch):
-    import suzak.hub
+    import suzak.data.hub
 
-    monkeypatch.setattr(suzak.hub, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(suzak.data.hub, "hub_reachable", lambda timeout=3.0: False)
     from suzak.data.builders import build_dataset
 
     with pytest.raises(SuzakError, match=r"^cannot load Hub dataset 'Video-R1/Video-R1-data'.*unreachable.*data_root"):
@@ -478,8 +478,8 @@ def test_a_jsonl_file_of_image_lines_and_video_lines(tmp_path):
     file; a line with both, a file mixing video files and frame lists, a bad rate and a missing video are one line."""
     import json
 
-    from suzak.checks import validate_rows
     from suzak.data.builders import build_dataset
+    from suzak.training.checks import validate_rows
 
     dataset = build_dataset(str(write_mixed_jsonl(tmp_path)))
     assert [r["line"] for r in dataset if r["video"] is not None] == [2, 4, 6, 8]

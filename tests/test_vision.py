@@ -10,7 +10,7 @@ import pytest
 import qwen_vl_utils
 from PIL import Image
 
-from suzak.vision import PixelBudget, configure_processor, fit_image, smart_resize, visual_tokens
+from suzak.media.vision import PixelBudget, configure_processor, fit_image, smart_resize, visual_tokens
 
 QWEN2 = 28  # Qwen2-VL/Qwen2.5-VL's patch factor (14 x 2), as the tiny Qwen2.5-VL's processor says
 

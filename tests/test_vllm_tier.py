@@ -190,7 +190,7 @@ def test_vllm_runs_exactly_the_prompt_training_uses(frozen_run):
 def test_vllm_never_samples_a_vision_placeholder(frozen_run, tiny_processor):
     """Under the frozen head vLLM samples from the random initial model, which puts ~0.8% of its mass on the vision
     placeholders: ~30 of the ~4,000 sampled tokens would be one without suzak's logit bias."""
-    from suzak.vision import vision_token_ids
+    from suzak.media.vision import vision_token_ids
 
     _, _, record = frozen_run
     placeholders = set(vision_token_ids(tiny_processor))  # the tiny models share one vocabulary

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from suzak import SuzakError
-from suzak.configs import parse_args
 from suzak.runs.logfile import TrainLog
 from suzak.runs.progress import CSVTail, before_after, eta_seconds, read_progress, seconds_per_step
 from suzak.runs.record import finish_run, start_run
 from suzak.runs.streams import CompletionsCSVCallback, MetricsCSVCallback
+from suzak.training.configs import parse_args
 from suzak.trl_internals import completion_rows
 from suzak.watch import render, sparkline
 

@@ -13,9 +13,9 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
 from trl import GRPOConfig
 
+from suzak.media.vision import PixelBudget
 from suzak.selftest import color_dataset
-from suzak.trainer import VLMGRPOTrainer
-from suzak.vision import PixelBudget
+from suzak.training.trainer import VLMGRPOTrainer
 from test_loss_options import completion_logps
 from test_trainer import length_reward
 

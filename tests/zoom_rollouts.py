@@ -15,13 +15,13 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from trl import GRPOConfig
 
+from suzak.media.vision import PixelBudget, configure_processor
 from suzak.models.tool_calling import prepare_tool_calling
-from suzak.rewards import word_match
+from suzak.models.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_tools
+from suzak.scoring.rewards import word_match
 from suzak.selftest import zoom_dataset
-from suzak.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_tools
-from suzak.trainer import VLMGRPOTrainer
+from suzak.training.trainer import VLMGRPOTrainer
 from suzak.trl_internals import SamplerGuard
-from suzak.vision import PixelBudget, configure_processor
 
 
 def main(model_dir: str, output: str, vllm: bool) -> None:

@@ -72,8 +72,9 @@ import numpy as np
 
 from suzak import SuzakError
 from suzak.data.colors import COLORS
+from suzak.media.video import VideoBudget
+from suzak.media.vision import PixelBudget, family_factors
 from suzak.models.tiny import DEFAULT_FAMILY, FAMILIES, MOE, TEXT
-from suzak.vision import PixelBudget, VideoBudget, family_factors
 
 __all__ = [
     "TASKS",
@@ -133,7 +134,7 @@ class TaskSpec:
     vllm_shape: bool = False  # the tiny model shaped as vLLM's CPU build runs it (head_dim 32) with HF generation too
     temperature: float = 1.0  # GRPO's sampling temperature
     prior_schedule: str = "constant"  # the prior's learning-rate schedule
-    tools: tuple[str, ...] = ()  # the aligned run's tools (suzak.tools.resolve_tools); its control has none
+    tools: tuple[str, ...] = ()  # the aligned run's tools (suzak.models.tools.resolve_tools); its control has none
     control: str = "shuffled"  # the control condition: shuffled (or grey) images, or no_tool (same images, no tools)
     rows: int | None = None  # training rows (None: SelfTestConfig.rows)
 
@@ -345,7 +346,7 @@ def zoom_corpus(family: str, repeats: int = 4) -> list[str]:
     from suzak.data.zoom import CHECKS, QUESTION
     from suzak.models.tiny import TinyConfig, build_tokenizer
     from suzak.models.tool_calling import prepare_tool_calling
-    from suzak.tools import ZOOM, ZoomEnvironment
+    from suzak.models.tools import ZOOM, ZoomEnvironment
 
     tokenizer = build_tokenizer(TinyConfig.shaped(family))
     prepare_tool_calling(tokenizer, family)
@@ -372,9 +373,9 @@ def small_zoom_prior(folder: Path, tiny=None, steps: int = 80):
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from suzak.media.vision import configure_processor
     from suzak.models.tiny import build_tiny_model
     from suzak.models.tool_calling import prepare_tool_calling
-    from suzak.vision import configure_processor
 
     model_dir = build_tiny_model(folder / "tiny", tiny)
     torch.manual_seed(0)
@@ -402,9 +403,9 @@ def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], ste
     from transformers.utils import get_json_schema
     from trl import SFTConfig, SFTTrainer
 
-    from suzak.boxes import model_answer, with_box_frame
     from suzak.data.zoom import CHECKS
-    from suzak.tools import ZOOM, ZoomEnvironment, with_original_image
+    from suzak.media.boxes import model_answer, with_box_frame
+    from suzak.models.tools import ZOOM, ZoomEnvironment, with_original_image
 
     zoom = ZoomEnvironment(crops or budget)
     tools = [get_json_schema(zoom.zoom)]
@@ -560,7 +561,7 @@ def _reward_funcs(config: SelfTestConfig, tokenizer) -> tuple[list, list[float] 
     """(reward functions, their weights, the logged figure the report reads)."""
     if config.task in ("color", "video"):
         return [first_token_reward(_answer_ids(tokenizer))], None, "reward"
-    from suzak.rewards import resolve_reward
+    from suzak.scoring.rewards import resolve_reward
 
     if config.task == "zoom":  # the registry's one-word reward on the answer after the last tool turn
         return [resolve_reward("word_match")], None, "reward"
@@ -576,14 +577,14 @@ def _score(config: SelfTestConfig, outputs: list[str], rows: list[dict]) -> list
     if config.task in ("color", "video"):
         return [float(out.strip().startswith(row["solution"])) for out, row in zip(outputs, rows, strict=True)]
     if config.task == "zoom":
-        from suzak.rewards import word_match
+        from suzak.scoring.rewards import word_match
 
         return word_match(outputs, [row["solution"] for row in rows])
     if config.task == "grounding":  # rows carry their box frame (_heldout)
-        from suzak.rewards import iou
+        from suzak.scoring.rewards import iou
 
         return iou(outputs, [row["solution"] for row in rows], [row["box_frame"] for row in rows])
-    from suzak.rewards import clevr_count
+    from suzak.scoring.rewards import clevr_count
 
     return clevr_count(outputs, [row["solution"] for row in rows], answer_format="plain")
 
@@ -601,7 +602,7 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
     import datasets
     from trl import SFTConfig, SFTTrainer
 
-    from suzak.vision import configure_processor
+    from suzak.media.vision import configure_processor
 
     if config.task == "grounding":
         rows = _grounding_prior_rows(config, model, budget)
@@ -662,9 +663,9 @@ def _counting_prior_rows(config: SelfTestConfig, budget: PixelBudget, output_dir
 
 def _grounding_prior_rows(config: SelfTestConfig, model, budget: PixelBudget) -> list[dict]:
     """Grounding: a grey image, the question and a box spread evenly over the four cells, in the family's frame and
-    answer form (:func:`suzak.boxes.model_answer`): a pretrained model's habit of answering with a box, and nothing
+    answer form (:func:`suzak.media.boxes.model_answer`): a pretrained model's habit of answering with a box, and nothing
     about where the shape is."""
-    from suzak.boxes import model_answer, with_box_frame
+    from suzak.media.boxes import model_answer, with_box_frame
 
     side = config.spec.image_size(budget.factor)[0] * config.spec.image_scale
     grey = grounding_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", side)
@@ -707,8 +708,8 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import GRPOConfig
 
-    from suzak.trainer import VLMGRPOTrainer
-    from suzak.vision import patch_factor
+    from suzak.media.vision import patch_factor
+    from suzak.training.trainer import VLMGRPOTrainer
 
     spec = config.spec
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -721,9 +722,9 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
                                max_pixels=width * height)  # fmt: skip
     toolset, crops = None, budget.for_crops(width * height)  # crops at the whole image's budget
     if spec.tools and images != spec.control:  # the zoom task's aligned run: the tool, its template and parser
+        from suzak.media.vision import configure_processor
         from suzak.models.tool_calling import prepare_tool_calling
-        from suzak.tools import resolve_tools
-        from suzak.vision import configure_processor
+        from suzak.models.tools import resolve_tools
 
         prepare_tool_calling(processor, model.config.model_type)
         configure_processor(processor, budget)
@@ -857,8 +858,8 @@ def unsuppressed_tokens(trainer, engine) -> list[str]:
 def _heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> tuple[float, list[str]]:
     """(accuracy of greedy answers on unseen aligned rows through the evaluation engine, unsuppressed tokens); with
     ``toolset``, answered through the evaluation's tool loop (:mod:`suzak.eval.tool_loop`) as training rolled out."""
-    from suzak.boxes import with_box_frame
     from suzak.eval.engine import HFEngine
+    from suzak.media.boxes import with_box_frame
 
     engine = HFEngine(trainer.model, trainer.processing_class, trainer.pixel_budget, batch_size=64,
                       max_new_tokens=config.spec.max_completion_length, progress=False)  # fmt: skip

@@ -3,7 +3,7 @@
     python -m suzak.sft --config recipes/sft_smoke.yaml [--any_field value ...]
     bash src/scripts/run_sft.sh --preset smoke
 
-Same conventions as ``suzak.train``: ``TrlParser`` over suzak's :class:`~suzak.configs.SuzakArguments`, TRL's
+Same conventions as ``suzak.train``: ``TrlParser`` over suzak's :class:`~suzak.training.configs.SuzakArguments`, TRL's
 ``SFTConfig`` and ``ModelConfig``; YAML recipe, then ``.env`` (MODEL/DATASET/OUTPUT_DIR), then CLI flags. The
 targets are built from the prompt template's answer format, so an SFT model answers in exactly the format the GRPO
 rewards score (``model_name_or_path`` of a GRPO recipe can point at the SFT output):
@@ -20,11 +20,12 @@ import json
 import logging
 import re
 
-from suzak import SuzakError, session
-from suzak.boxes import QUESTION_BOXES_COLUMN, model_answer, with_box_frame
-from suzak.configs import parse_sft_args
-from suzak.prompts import get_template, render_answer
-from suzak.session import add_first, build_datasets, build_eval_callback
+from suzak import SuzakError
+from suzak.media.boxes import QUESTION_BOXES_COLUMN, model_answer, with_box_frame
+from suzak.scoring.prompts import get_template, render_answer
+from suzak.training import session
+from suzak.training.configs import parse_sft_args
+from suzak.training.session import add_first, build_datasets, build_eval_callback
 
 __all__ = ["build_sft_trainer", "main", "parse_sft_args", "sft_completion", "to_sft_dataset"]
 
@@ -48,7 +49,7 @@ def _clevr_reasoning(row: dict) -> str:
 
 def sft_completion(row: dict, answer_format: str) -> str:
     """The target completion for one row in ``answer_format`` (see the module docstring); a grounding row's boxes in
-    its model's frame (:func:`suzak.boxes.model_answer`, from the row's ``box_frame``)."""
+    its model's frame (:func:`suzak.media.boxes.model_answer`, from the row's ``box_frame``)."""
     gold = model_answer(row)
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return render_answer(answer_format, gold, _gsm8k_steps(row["answer"]))
@@ -80,16 +81,16 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     images fitted to the budget, completion-only loss, optional eval callback."""
     from trl import get_peft_config
 
+    from suzak.media.vision import configure_processor, fit_row_images, image_columns
     from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget, model_type
     from suzak.models.lora_targets import check_lora_targets
     from suzak.trl_internals import SFTHooks
-    from suzak.vision import configure_processor, fit_row_images
 
     budget = model_budget(model_args, suzak_args.min_pixels, suzak_args.max_pixels)  # the model's patch factor
     template = get_template(suzak_args.prompt_template)
     dataset, heldout = build_datasets(suzak_args, sft_args, budget)
     dataset = to_sft_dataset(dataset, template.answer_format, model_type(model_args), budget)
-    if "image" in dataset.column_names or "images" in dataset.column_names:
+    if image_columns(dataset.column_names):
         dataset = dataset.map(lambda row: fit_row_images(row, budget), desc="fit images")
     sft_args.completion_only_loss = True
     model, processing_class = load_model_and_processor(
@@ -114,7 +115,7 @@ def build_sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The training run of :mod:`suzak.session` (records, CSV streams, plots, resume, release) with SFT's trainer."""
+    """The training run of :mod:`suzak.training.session` (records, CSV streams, plots, resume, release) with SFT's trainer."""
     session.main(argv, parse_sft_args, build_sft_trainer)
 
 

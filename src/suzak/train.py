@@ -1,17 +1,17 @@
 """GRPO training: ``python -m suzak.train --config recipes/smoke.yaml [--any_field value ...]``.
 
-Parsed with TRL's ``TrlParser`` from three dataclasses: suzak's :class:`~suzak.configs.SuzakArguments` (data, pixel
+Parsed with TRL's ``TrlParser`` from three dataclasses: suzak's :class:`~suzak.training.configs.SuzakArguments` (data, pixel
 budget, rewards), TRL's ``GRPOConfig`` (every GRPO/TrainingArguments field as TRL defines it) and TRL's
 ``ModelConfig`` (model, dtype, attention, LoRA). The YAML recipe sets values; CLI flags override it. ``.env``
 (python-dotenv) holds secrets and machine paths; MODEL, DATASET and OUTPUT_DIR there override the recipe (CLI flags
-still win). The run itself (records, resume, plots, publishing) is :mod:`suzak.session`'s, shared with SFT.
+still win). The run itself (records, resume, plots, publishing) is :mod:`suzak.training.session`'s, shared with SFT.
 """
 
 from __future__ import annotations
 
-from suzak import session
-from suzak.configs import SuzakArguments, parse_args
-from suzak.session import build_datasets, build_eval_callback
+from suzak.training import session
+from suzak.training.configs import SuzakArguments, parse_args
+from suzak.training.session import build_datasets, build_eval_callback
 
 __all__ = ["SuzakArguments", "build_trainer", "main", "parse_args"]
 
@@ -22,10 +22,10 @@ def build_trainer(suzak_args, grpo_args, model_args, train_dataset=None, **train
 
     from suzak.models.loading import freeze_vision_tower, load_model_and_processor, model_budget
     from suzak.models.lora_targets import check_lora_targets
-    from suzak.prompts import get_template
-    from suzak.rewards import resolve_rewards
-    from suzak.tools import resolve_tools
-    from suzak.trainer import VLMGRPOTrainer
+    from suzak.models.tools import resolve_tools
+    from suzak.scoring.prompts import get_template
+    from suzak.scoring.rewards import resolve_rewards
+    from suzak.training.trainer import VLMGRPOTrainer
     from suzak.trl_internals import DynamicSampling, SamplerGuard
 
     template = get_template(suzak_args.prompt_template)

@@ -49,8 +49,8 @@ by name, instead of somewhere in a training run:
   (vLLM packs a copy at load, ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), and TRL's
   ``vllm.LLM`` (``trl.generation.vllm_generation.LLM``) gets the policy's dtype.
 
-Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak.parsing`, :mod:`suzak.vision` and
-:mod:`suzak.video` (leaves).
+Everything here imports TRL and nothing of suzak but ``SuzakError``, :mod:`suzak.scoring.parsing`, :mod:`suzak.media.vision` and
+:mod:`suzak.media.video` (leaves).
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ from trl.trainer.utils import (
 )
 
 from suzak import SuzakError
-from suzak.parsing import message_text
-from suzak.video import Clip, processor_kwargs, vllm_video
-from suzak.vision import collapse_runs, collapse_video_blocks, video_of
+from suzak.media.video import Clip, processor_kwargs, video_of, vllm_video
+from suzak.media.vision import collapse_runs, collapse_video_blocks
+from suzak.scoring.parsing import message_text
 
 __all__ = [
     "REWARD_CALL_KWARGS",
@@ -1065,7 +1065,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
     def _feeding_videos(self, model: torch.nn.Module, rows: Sequence[dict | None]):
         """:func:`feeding_videos` for a VL model's processor; nothing for a text model, whose tokenizer has no video
-        placeholder (a dataset with images or video for a text model stops before step 1: ``suzak.session``)."""
+        placeholder (a dataset with images or video for a text model stops before step 1: ``suzak.training.session``)."""
         video_token = getattr(self.processing_class, "video_token_id", None)  # a VL processor's; a tokenizer has none
         if video_token is None:
             if any(row is not None for row in rows):
@@ -1324,7 +1324,7 @@ def _with_frames(prompt: Any) -> Any:
 def vllm_requests_with_videos(llm: Any, videos: Sequence[tuple[Any, dict] | None]):
     """Within the block, each request TRL's colocated generation hands ``llm.generate`` (one per prompt, in order:
     ``{"prompt_token_ids": ...}`` and images in ``multi_modal_data``) gets its row's video: ``videos[i]`` is the
-    (``multi_modal_data["video"]`` item, ``mm_processor_kwargs``) pair of :func:`suzak.video.vllm_video`, or None for
+    (``multi_modal_data["video"]`` item, ``mm_processor_kwargs``) pair of :func:`suzak.media.video.vllm_video`, or None for
     a row without one."""
     generate, own = llm.generate, vars(llm).get("generate")
 

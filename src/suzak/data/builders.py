@@ -7,7 +7,7 @@ Every builder returns a ``datasets.Dataset`` with
 - ``solution``: the gold answer, in the form the source ships it (``"<answer> 3 </answer>"``, ``"18"``, ``"140°"``);
 - ``problem``: the bare question, plus the source's own fields.
 
-The question text always goes through :mod:`suzak.prompts`, so training, SFT and evaluation prompts agree.
+The question text always goes through :mod:`suzak.scoring.prompts`, so training, SFT and evaluation prompts agree.
 
     python -m suzak.data clevr_synthetic --num_rows 5000 --seed 0 --output data/clevr5k          # save_to_disk
     python -m suzak.data clevr_synthetic --num_rows 5000 --output data/clevr5k --format parquet  # Hub layout
@@ -32,8 +32,8 @@ from suzak.data.motion import moving_ball
 from suzak.data.refcoco import refcoco
 from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
 from suzak.data.zoom import zoom_checks
-from suzak.parsing import gold_answer
-from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
+from suzak.scoring.parsing import gold_answer
+from suzak.scoring.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
 __all__ = [
     "DATASETS",
@@ -141,7 +141,7 @@ def clevr_synthetic(
 
 
 def _r1v_hub(repo_id: str, split: str, template: str, revision: str | None, cache_dir: str | None):
-    from suzak.hub import load_hub_dataset
+    from suzak.data.hub import load_hub_dataset
 
     hint = (
         f"With network, run once `python -c \"import datasets; datasets.load_dataset('{repo_id}')"
@@ -205,7 +205,7 @@ def gsm8k(split: str = "train", *, path: str | None = None, template: str = "gsm
     if path is not None:
         rows = [row for _, row in read_jsonl(path)]
         return _gsm8k_columns(datasets.Dataset.from_list(rows), template, str(path))
-    from suzak.hub import load_hub_dataset
+    from suzak.data.hub import load_hub_dataset
 
     hint = "Offline, pass a local JSONL of GSM8K rows ({'question', 'answer'}) as dataset_name"
     dataset = load_hub_dataset(GSM8K_REPO, "main", split=split, hint=hint, revision=revision, cache_dir=cache_dir)
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", nargs="+", default=None, help="clevr_synthetic: object sizes (default: all)")
     parser.add_argument("--zoom", type=float, default=1.0, help="clevr_synthetic: objects scaled to the image")
     parser.add_argument("--path", help="jsonl/gsm8k: local file")
-    parser.add_argument("--template", default=None, help="prompt template (suzak.prompts.TEMPLATES)")
+    parser.add_argument("--template", default=None, help="prompt template (suzak.scoring.prompts.TEMPLATES)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     options: dict[str, Any] = {"template": args.template} if args.template else {}

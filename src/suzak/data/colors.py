@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from suzak.prompts import build_conversation, get_template
+from suzak.scoring.prompts import build_conversation, get_template
 
 __all__ = ["COLORS", "GREY", "QUESTION", "color_squares"]
 

@@ -3,7 +3,7 @@
 Each image has a random size and aspect ratio (by default 160 to 1280 pixels a side, up to 2.5:1, so many are
 larger than the recipes' 401,408-pixel budget and the resize matters), a jittered background and a few coloured
 shapes; exactly one of them has the colour and shape the question names, and the row's ``solution`` is its box
-``[x1, y1, x2, y2]`` in the image's own pixels (the trainer maps it to each model's frame: :mod:`suzak.boxes`).
+``[x1, y1, x2, y2]`` in the image's own pixels (the trainer maps it to each model's frame: :mod:`suzak.media.boxes`).
 Row ``i`` depends only on ``(seed, start + i)``, so disjoint ``start`` ranges are disjoint splits.
 
 ``grid=N`` draws the self-test's form of the task instead: an image of a fixed size cut into N x N cells, the target
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from suzak.prompts import build_conversation, get_template
+from suzak.scoring.prompts import build_conversation, get_template
 
 __all__ = ["COLORS", "SHAPES", "draw_shape", "grounding_shapes"]
 

@@ -67,7 +67,7 @@ def moving_ball(num_rows: int = 1000, *, seed: int = 0, question: str = "directi
     """
     import datasets
 
-    from suzak.prompts import build_conversation, get_template
+    from suzak.scoring.prompts import build_conversation, get_template
 
     if videos not in ("aligned", "shuffled", "still"):
         raise ValueError(f"videos must be aligned, shuffled or still, got {videos!r}")

@@ -12,9 +12,9 @@
 
 Both give rows of suzak's columns: ``prompt`` (the sentence under a grounding template, ``rec`` by default),
 ``image``, ``solution`` ``"[x1, y1, x2, y2]"`` in original pixels (the trainer maps it to each model's frame:
-:mod:`suzak.boxes`), ``problem`` (the sentence) and the source's line or row. A box given in another frame says
+:mod:`suzak.media.boxes`), ``problem`` (the sentence) and the source's line or row. A box given in another frame says
 so with ``box_frame`` (``normalized`` or ``relative1000``), never guessed; a box outside its image is caught by the
-dataset validation before step 1 (:func:`suzak.checks.validate_rows`), by row.
+dataset validation before step 1 (:func:`suzak.training.checks.validate_rows`), by row.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
-from suzak.boxes import DATASET_FRAMES, to_pixels
 from suzak.data.files import read_jsonl
-from suzak.prompts import build_conversation, get_template
+from suzak.media.boxes import DATASET_FRAMES, to_pixels
+from suzak.scoring.prompts import build_conversation, get_template
 
 __all__ = ["REFCOCO_REPOS", "VLM_R1_PREFIX", "refcoco", "refcoco_hub_rows", "refcoco_vlm_r1_rows"]
 
@@ -167,7 +167,7 @@ def refcoco(name: str = "refcoco", split: str = "val", *, path: str | list[str] 
         return datasets.Dataset.from_list(refcoco_hub_rows(dataset, template=template, source=str(path)))
     if name not in REFCOCO_REPOS:
         raise SuzakError(f"refcoco: name {name!r}; one of {', '.join(REFCOCO_REPOS)} (or path=...)")
-    from suzak.hub import load_hub_dataset
+    from suzak.data.hub import load_hub_dataset
 
     repo = REFCOCO_REPOS[name]
     hint = (f"With network, save it once (`python -c \"import datasets; datasets.load_dataset('{repo}', split='{split}')"

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from suzak import SuzakError
-from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
+from suzak.scoring.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
 __all__ = ["VIDEO_R1_FILE", "VIDEO_R1_REPO", "video_r1", "video_r1_rows"]
 
@@ -41,7 +41,7 @@ def _manifest(data_root: str | None) -> Path:
         return path
     from huggingface_hub import hf_hub_download
 
-    from suzak.hub import offline_unless_reachable
+    from suzak.data.hub import offline_unless_reachable
 
     with offline_unless_reachable() as offline:
         try:

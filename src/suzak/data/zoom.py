@@ -5,7 +5,7 @@ cells of ``side // 448`` pixels (at least 1) of two colours that average to the 
 blue/yellow). Fitted whole to a quarter of its side (or less) the square is grey on grey, the same for every colour
 to within 2 of 255 (measured: the checks cancel under the resize, where stripes alias); a crop of the square at that
 budget shows the checks pixel for pixel. The question names the square's box (``question_boxes``, original pixels,
-put in the model's frame by :func:`suzak.boxes.with_box_frame`) and asks for the first colour's word, the row's
+put in the model's frame by :func:`suzak.media.boxes.with_box_frame`) and asks for the first colour's word, the row's
 ``solution``. ``images="grey"`` draws the square grey (nothing to read: a prior's rows). Used by ``python -m
 suzak.selftest --task zoom`` and ``recipes/zoom_smoke.yaml``.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from suzak.prompts import build_conversation, get_template
+from suzak.scoring.prompts import build_conversation, get_template
 
 __all__ = ["CHECKS", "GREY", "QUESTION", "zoom_checks"]
 
@@ -33,7 +33,7 @@ def zoom_checks(num_rows: int = 1000, seed: int = 0, images: str = "aligned", si
                  start: int = 0, template: str = "plain"):  # fmt: skip
     """Rows {prompt, image, solution, question_boxes} of the zoom task (module docstring); row ``i`` depends only on
     ``(seed, start + i)``, so disjoint ``start`` ranges are disjoint splits. ``template`` wraps the question
-    (:data:`suzak.prompts.TEMPLATES`; ``plain``: the bare colour word is the answer).
+    (:data:`suzak.scoring.prompts.TEMPLATES`; ``plain``: the bare colour word is the answer).
 
     >>> row = zoom_checks(2, seed=0)[0]
     >>> row["image"].size, row["question_boxes"], row["solution"]

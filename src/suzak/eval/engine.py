@@ -8,9 +8,9 @@ Both take rows as the data builders produce them (``prompt`` in TRL's conversati
     outputs = engine.generate(rows, temperature=1.0, seed=0)     # sampled
 
 Images are fitted to the pixel budget before any processor sees them (as in training), a row's video is read to the
-video budget as in training (:func:`suzak.video.read_clip`; HF engine only so far), batches are built from
+video budget as in training (:func:`suzak.media.video.read_clip`; HF engine only so far), batches are built from
 prompts of similar length (longest first, so an out-of-memory shows at once) and the vision placeholder tokens are
-suppressed while decoding, the same ids training suppresses (``suzak.trainer``): a policy trained under that
+suppressed while decoding, the same ids training suppresses (``suzak.training.trainer``): a policy trained under that
 suppression can still favour them under plain decoding (../docs/evaluate.md).
 """
 
@@ -27,12 +27,10 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.prompts import template_opening
-from suzak.video import Clip, processor_kwargs, row_clip, vllm_video
-from suzak.vision import (
+from suzak.media.video import Clip, VideoBudget, processor_kwargs, row_clip, vllm_video
+from suzak.media.vision import (
     VISION_PLACEHOLDERS,
     PixelBudget,
-    VideoBudget,
     collapse_video_blocks,
     configure_processor,
     images_of,
@@ -40,6 +38,7 @@ from suzak.vision import (
     prompt_tokens,
     vision_token_ids,
 )
+from suzak.scoring.prompts import template_opening
 
 __all__ = ["VISION_PLACEHOLDERS", "HFEngine", "VLLMEngine", "length_batches", "vision_token_ids"]
 
@@ -86,7 +85,7 @@ class _BatchedEngine(abc.ABC):
     def use_template(self, chat_template_kwargs: dict | None = None, opening_in_completion: bool = False) -> None:
         """Render prompts with training's ``chat_template_kwargs`` and, with ``opening_in_completion``, return each
         completion after the template's opening of the assistant turn (Qwen3.5's ``<think>\\n``,
-        :func:`suzak.prompts.template_opening`), as training's rewards read it."""
+        :func:`suzak.scoring.prompts.template_opening`), as training's rewards read it."""
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.opening = (
             template_opening(self.processing_class, self.chat_template_kwargs) if opening_in_completion else ""
@@ -315,8 +314,8 @@ class VLLMEngine(_BatchedEngine):
 
     def request(self, row: dict, prompt: str | None = None) -> dict:
         """vLLM's input for a row: the rendered prompt and its fitted images; for a video row, the prompt ids the HF
-        engine feeds the model with the video back to vLLM's placeholder (:func:`suzak.vision.collapse_video_blocks`)
-        and the clip as vLLM's processor must read it (:func:`suzak.video.vllm_video`)."""
+        engine feeds the model with the video back to vLLM's placeholder (:func:`suzak.media.vision.collapse_video_blocks`)
+        and the clip as vLLM's processor must read it (:func:`suzak.media.video.vllm_video`)."""
         text = self.prompt_text(row) if prompt is None else prompt
         clip = self.clip(row)
         if clip is not None:

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from suzak import SuzakError
+from suzak.media.vision import PixelBudget
 from suzak.models.loading import adapter_base, load_model_and_processor, quantized, resolve_model_path
-from suzak.vision import PixelBudget
 
 __all__ = ["Quantization", "eval_device", "eval_dtype", "load_eval_model", "merged_model_dir", "saved_budget"]
 

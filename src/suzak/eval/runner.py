@@ -23,7 +23,6 @@ from accelerate.utils import gather_object
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import FRAMES, BoxFrame, put_question_boxes, question_boxes_of
 from suzak.eval.engine import HFEngine, VLLMEngine
 from suzak.eval.models import Quantization, eval_device, eval_dtype, load_eval_model, merged_model_dir, saved_budget
 from suzak.eval.report import RunResult, accuracy, draw_boxes, markdown_summary, mean_std, rule_flag, write_results
@@ -41,9 +40,10 @@ from suzak.eval.tasks import (
     score_rules,
 )
 from suzak.eval.tool_loop import ToolLoop, crops_per_prompt, tool_counts
-from suzak.tools import check_tool_settings, resolve_tools
-from suzak.video import VideoBudgetArguments
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
+from suzak.media.boxes import FRAMES, BoxFrame, put_question_boxes, question_boxes_of
+from suzak.media.video import VideoBudgetArguments
+from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
+from suzak.models.tools import check_tool_settings, resolve_tools
 
 __all__ = [
     "EvalConfig",
@@ -101,7 +101,7 @@ class EvalConfig(VideoBudgetArguments):
         "help": "sampled passes (after the greedy one), one per seed"})  # fmt: skip
     temperature: float = field(default=1.0, metadata={"help": "temperature of the seeded passes"})
     prompt_template: str = field(default="eval", metadata={
-        "help": "eval (R1-V's eval prompt), train (the training prompt) or a suzak.prompts template name"})  # fmt: skip
+        "help": "eval (R1-V's eval prompt), train (the training prompt) or a suzak.scoring.prompts template name"})  # fmt: skip
     skip_missing: bool = field(default=False, metadata={
         "help": "skip items whose image is missing or unreadable, or whose gold answer cannot be read (counted in "
                 "the summary)"})  # fmt: skip
@@ -177,7 +177,7 @@ class EvalConfig(VideoBudgetArguments):
         self._check_tools()
 
     def _check_tools(self) -> None:
-        """The tool flags, as training checks its recipe's (:func:`suzak.tools.check_tool_settings`), and the tools'
+        """The tool flags, as training checks its recipe's (:func:`suzak.models.tools.check_tool_settings`), and the tools'
         names (each imports), before any model loads."""
         budget = default_budget(self)
         try:
@@ -424,7 +424,7 @@ def build_engine(config: EvalConfig, task: Task, budget: PixelBudget, items: lis
 
 def with_box_frames(items: list[EvalItem], family: str, budget: PixelBudget) -> list[EvalItem]:
     """Each grounding item (a :func:`suzak.eval.tasks.box_gold`) with the frame of its image for this model family at
-    this pixel budget (:class:`suzak.boxes.BoxFrame`, as training gives each row): what its scorers map boxes with;
+    this pixel budget (:class:`suzak.media.boxes.BoxFrame`, as training gives each row): what its scorers map boxes with;
     an item whose input line has ``question_boxes`` gets them put in its prompt in that frame."""
     framed = []
     for item in items:
@@ -433,7 +433,7 @@ def with_box_frames(items: list[EvalItem], family: str, budget: PixelBudget) -> 
             image = item.images[0]
             width, height = image.size if isinstance(image, Image.Image) else Image.open(image).size  # the header
             frame = BoxFrame.of(family, width, height, budget)
-            if boxes:  # a box in the question, in the frame the model answers in (suzak.boxes.put_question_boxes)
+            if boxes:  # a box in the question, in the frame the model answers in (suzak.media.boxes.put_question_boxes)
                 item = replace(item, prompt=put_question_boxes(item.prompt, boxes, frame))
             if isinstance(item.gold, dict) and "boxes" in item.gold:
                 item = replace(item, gold={**item.gold, "frame": frame.as_dict()})

@@ -1,6 +1,6 @@
 """Evaluation tasks: where the items come from, which prompt they get and how an answer is scored.
 
-Each task is data loading + a prompt template + its scoring rules, each a scorer built on :mod:`suzak.parsing`:
+Each task is data loading + a prompt template + its scoring rules, each a scorer built on :mod:`suzak.scoring.parsing`:
 
 - ``strict``: suzak's rule, the training reward's own parser (each strict scorer names the reward it agrees with, so
   a test holds them to it: an eval score and a training reward never disagree about what the model answered);
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
-from suzak.boxes import BoxFrame
-from suzak.parsing import (
+from suzak.media.boxes import BoxFrame
+from suzak.scoring.parsing import (
     box_parser,
     extract_tag,
     gold_answer,
@@ -47,8 +47,8 @@ from suzak.parsing import (
     vlm_r1_box,
     vlm_r1_iou,
 )
-from suzak.parsing import parse_number as _parse_number
-from suzak.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
+from suzak.scoring.parsing import parse_number as _parse_number
+from suzak.scoring.prompts import DEFAULT_TEMPLATE, build_conversation, get_template
 
 __all__ = [
     "CLEVR_HELDOUT_SEED",
@@ -89,7 +89,7 @@ SCORING_RULES: dict[str, str] = {
 class Scorer:
     """How one rule scores an output: ``fn(output, gold) -> (extracted_answer, is_correct)``.
 
-    ``reward`` names the training reward (``suzak.rewards.REWARDS``) that gives 1.0 exactly when this says correct;
+    ``reward`` names the training reward (``suzak.scoring.rewards.REWARDS``) that gives 1.0 exactly when this says correct;
     None for R1-V's eval rules, which no training reward matches (R1-V's own training reward differs from its eval).
     A gold answer that cannot be read raises ``ValueError``: bad data is never scored as a wrong answer.
     """
@@ -152,7 +152,7 @@ def _score_word(output: str, gold) -> tuple[str | None, bool]:
 
 def box_gold(boxes: list, answer_format: str = "box", frame: dict | None = None) -> dict:
     """A grounding item's gold: its boxes in original-image pixels, the answer format its prompt asks for, and its
-    :class:`suzak.boxes.BoxFrame` (set once the engine's model family and pixel budget are known:
+    :class:`suzak.media.boxes.BoxFrame` (set once the engine's model family and pixel budget are known:
     :func:`suzak.eval.runner.with_box_frames`)."""
     return {"boxes": [[float(v) for v in box] for box in boxes], "answer_format": answer_format, "frame": frame}
 
@@ -170,7 +170,7 @@ def _read_box_gold(gold) -> tuple[list[list[float]], str, BoxFrame | None]:
 def _score_rec(output: str, gold) -> tuple[list | None, bool]:
     """The ``rec_accuracy`` reward, called as training calls it: the first box of the answer format in the item's
     frame, IoU >= 0.5 with the gold box in that frame. The extracted answer is that box in original pixels."""
-    from suzak.rewards import rec_accuracy
+    from suzak.scoring.rewards import rec_accuracy
 
     boxes, answer_format, frame = _read_box_gold(gold)
     if frame is None:  # the item is only being checked (no model yet)
@@ -181,9 +181,9 @@ def _score_rec(output: str, gold) -> tuple[list | None, bool]:
 
 
 def _score_vlm_r1(output: str, gold) -> tuple[list | None, bool]:
-    """VLM-R1's REC rule: its box (:func:`suzak.parsing.vlm_r1_box`, [0, 0, 0, 0] when none) mapped to original
+    """VLM-R1's REC rule: its box (:func:`suzak.scoring.parsing.vlm_r1_box`, [0, 0, 0, 0] when none) mapped to original
     pixels from the model's frame (VLM-R1 maps from Qwen2.5-VL's resized size; the relative frames map from 1000), its
-    IoU function (:func:`suzak.parsing.vlm_r1_iou`) with the gold box strictly above 0.5."""
+    IoU function (:func:`suzak.scoring.parsing.vlm_r1_iou`) with the gold box strictly above 0.5."""
     boxes, _, frame = _read_box_gold(gold)
     if frame is None:
         return None, False
@@ -249,11 +249,11 @@ def missing_images(items: list[EvalItem]) -> list[str]:
 
 def item_problem(item: EvalItem, task: Task) -> str:
     """Why ``item`` cannot be evaluated ('' when it can): an image file that does not decode to the last byte, a video
-    that is missing or unreadable (:func:`suzak.video.video_problem`), or a gold answer one of the task's scoring rules
+    that is missing or unreadable (:func:`suzak.media.video.video_problem`), or a gold answer one of the task's scoring rules
     cannot read. Checked at load, before any model loads."""
     from PIL import Image
 
-    from suzak.video import video_problem
+    from suzak.media.video import video_problem
 
     if item.video is not None and (reason := video_problem(item.video)):
         return reason
@@ -487,7 +487,7 @@ def get_task(name: str) -> Task:
 
 
 def resolve_template(task: Task, name: str = "eval") -> str:
-    """``eval`` (the task's R1-V eval prompt), ``train`` (the training prompt) or any ``suzak.prompts`` template."""
+    """``eval`` (the task's R1-V eval prompt), ``train`` (the training prompt) or any ``suzak.scoring.prompts`` template."""
     template = {"eval": task.eval_template, "train": task.train_template}.get(name, name)
     try:
         get_template(template)

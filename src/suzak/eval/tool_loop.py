@@ -14,8 +14,8 @@ Token budget, as training's ``max_completion_length``: ``max_new_tokens`` holds 
 turn, the tool turns with their crops' visual tokens included); a turn is cut where the budget ends, and a tool turn
 that would not fit is dropped and the row ends with its call unanswered (counted as ``dropped``).
 
-What is scored is the last assistant turn's text, what training's rewards read (:func:`suzak.parsing.completion_text`);
-the whole multi-turn completion is kept beside it for people (:func:`suzak.parsing.message_text`).
+What is scored is the last assistant turn's text, what training's rewards read (:func:`suzak.scoring.parsing.completion_text`);
+the whole multi-turn completion is kept beside it for people (:func:`suzak.scoring.parsing.message_text`).
 
 One difference from training: TRL builds each next turn by concatenating token ids (the prompt, the model's own ids,
 the tool turn); here the conversation is rendered again each round, so a turn with a call reads as the template
@@ -37,10 +37,10 @@ import torch
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.boxes import with_box_frame
+from suzak.media.boxes import with_box_frame
 from suzak.models.tool_calling import prepare_tool_calling
-from suzak.parsing import completion_text, message_text
-from suzak.tools import ZOOM_PROBLEMS, ToolSet, with_original_image
+from suzak.models.tools import ZOOM_PROBLEMS, ToolSet, with_original_image
+from suzak.scoring.parsing import completion_text, message_text
 from suzak.trl_internals import environment_tools, parse_turn, tool_message
 
 __all__ = ["FAILURES", "ToolLoop", "ToolRollout", "crops_per_prompt", "tool_counts"]

@@ -6,7 +6,7 @@ classes, text models too.
   vLLM (``use_vllm``, ``--engine vllm``) gets the family's vLLM-ready tiny instead (head_dim 32, which vLLM's CPU
   attention takes: :meth:`suzak.models.tiny.TinyConfig.shaped`), logged.
 - A vision-language checkpoint of a family suzak does not size images for is one line naming its model type and the
-  supported families (:func:`suzak.vision.vision_family`), as is a processor whose patch grid disagrees with its
+  supported families (:func:`suzak.media.vision.vision_family`), as is a processor whose patch grid disagrees with its
   model's config; :func:`model_budget` reads the pixel budget's factor from the checkpoint's config.
 - ``attn_implementation: auto`` picks flash_attention_2 when flash-attn imports and a CUDA GPU is present, else
   sdpa, and logs which.
@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from suzak import SuzakError
+from suzak.media.vision import PixelBudget, patch_factor, vision_family
 from suzak.models.positions import use_qwen_video_positions
-from suzak.vision import PixelBudget, patch_factor, vision_family
 
 __all__ = [
     "TINY_MODEL",
@@ -80,10 +80,12 @@ def tiny_model_cache(family: str | None = None, *, for_vllm: bool = False) -> Pa
     import hashlib
 
     import suzak.models.tiny
-    import suzak.prompts
+    import suzak.scoring.prompts
     from suzak.models.tiny import DEFAULT_FAMILY, TEMPLATES_DIR
 
-    files = [Path(m.__file__) for m in (suzak.models.tiny, suzak.prompts)] + sorted(TEMPLATES_DIR.glob("*.jinja"))
+    files = [Path(m.__file__) for m in (suzak.models.tiny, suzak.scoring.prompts)] + sorted(
+        TEMPLATES_DIR.glob("*.jinja")
+    )
     source = "".join(path.read_text(encoding="utf-8") for path in files)
     root = os.environ.get("SUZAK_CACHE") or Path.home() / ".cache" / "suzak"
     size = "-vllm" if for_vllm else ""
@@ -204,7 +206,7 @@ def local_model_problem(name: str) -> str | None:
 def _load_config(path: str, revision: str | None):
     from transformers import AutoConfig
 
-    from suzak.hub import offline_unless_reachable
+    from suzak.data.hub import offline_unless_reachable
 
     with offline_unless_reachable() as offline:
         try:
@@ -255,7 +257,7 @@ def model_config(model_args, *, for_vllm: bool = False):
 
 def model_type(model_args, *, for_vllm: bool = False) -> str | None:
     """The recipe's model's ``model_type`` (``qwen2_5_vl``, ``qwen2``, ...), read from its config (no weights loaded):
-    what its box frame depends on (:mod:`suzak.boxes`)."""
+    what its box frame depends on (:mod:`suzak.media.boxes`)."""
     return getattr(_checked_config(model_args, for_vllm)[1], "model_type", None)
 
 
@@ -316,7 +318,7 @@ def load_model_and_processor(model_args, training_args, *, quantize_vision_tower
     must be the model's. ``load_in_4bit``/``load_in_8bit`` load it through bitsandbytes (:func:`quantization_config`)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-    from suzak.hub import offline_unless_reachable
+    from suzak.data.hub import offline_unless_reachable
 
     path, config = _checked_config(model_args, bool(getattr(training_args, "use_vllm", False)))
     is_vlm = getattr(config, "vision_config", None) is not None

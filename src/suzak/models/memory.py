@@ -157,7 +157,7 @@ def plan_for(namespace, config) -> Plan:
     import psutil
     import torch
 
-    from suzak.vision import patch_factor
+    from suzak.media.vision import patch_factor
 
     if not torch.cuda.is_available():
         raise SuzakError("deepspeed auto: no GPU here (DeepSpeed trains on GPUs); leave --deepspeed unset on the CPU")

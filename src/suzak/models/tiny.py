@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from suzak import SuzakError
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -235,7 +235,7 @@ def training_corpus(seed: int = 0) -> list[str]:
 
     Built from the same templates the data builders use, so every prompt and ideal answer tokenizes compactly.
     """
-    from suzak.prompts import TEMPLATES, render_answer
+    from suzak.scoring.prompts import TEMPLATES, render_answer
 
     rng = random.Random(seed)
     colors = ["gray", "red", "blue", "green", "brown", "purple", "cyan", "yellow"]

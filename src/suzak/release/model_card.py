@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
-from suzak.redaction import redact
-from suzak.vision import DEFAULT_MAX_PIXELS
+from suzak.media.vision import DEFAULT_MAX_PIXELS
+from suzak.runs.redaction import redact
 
 __all__ = [
     "CARD_SIGNATURE",
@@ -275,13 +275,13 @@ def _usage(repo_id: str, facts: TrainingFacts) -> list[str]:
         return ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
                 f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
                 f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")', "```", "",
-                "Prompt it as in training (the recipe's `prompt_template`, see `suzak.prompts`): the question and the "
+                "Prompt it as in training (the recipe's `prompt_template`, see `suzak.scoring.prompts`): the question and the "
                 "answer-format instruction, through the tokenizer's chat template."]  # fmt: skip
     hi = facts.setting("max_pixels") or DEFAULT_MAX_PIXELS
     return ["## Usage", "", "```python", "from transformers import AutoModelForImageTextToText, AutoProcessor", "",
             f'model = AutoModelForImageTextToText.from_pretrained("{repo_id}")',
             f'processor = AutoProcessor.from_pretrained("{repo_id}")  # pixel budget as trained: max {hi} pixels',
-            "```", "", "Prompt it as in training (the recipe's `prompt_template`, see `suzak.prompts`): the image "
+            "```", "", "Prompt it as in training (the recipe's `prompt_template`, see `suzak.scoring.prompts`): the image "
             "first, then the question and the answer-format instruction."]  # fmt: skip
 
 

@@ -30,8 +30,8 @@ import yaml
 from tqdm.auto import tqdm
 
 from suzak import SuzakError
-from suzak.redaction import find_secrets, redact
 from suzak.release.model_card import CARD_SIGNATURE, EvalEntry, TrainingFacts, load_eval_result, render_card
+from suzak.runs.redaction import find_secrets, redact
 
 __all__ = ["Release", "build_release", "main", "release_request", "resolve_token", "upload_release"]
 
@@ -209,7 +209,7 @@ def _patch_factor(folder: Path) -> int | None:
     """Pixels per visual token along a side of the released image processor; None without one (a text model)."""
     from transformers import AutoImageProcessor
 
-    from suzak.vision import patch_factor
+    from suzak.media.vision import patch_factor
 
     try:
         image_processor = AutoImageProcessor.from_pretrained(folder)
@@ -278,7 +278,7 @@ def upload_release(folder: str | Path, repo_id: str, *, private: bool = False, t
     """Create the repo (if needed) and upload the folder; any failure is one line naming the kept folder and retry."""
     from huggingface_hub import HfApi, constants
 
-    from suzak.hub import offline_unless_reachable
+    from suzak.data.hub import offline_unless_reachable
 
     folder, token = Path(folder), resolve_token(token)
     _check_repo_id(repo_id)
@@ -341,7 +341,7 @@ def _run(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> None:
     from dotenv import load_dotenv
 
-    from suzak.redaction import install_log_redaction
+    from suzak.runs.redaction import install_log_redaction
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -36,7 +36,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from suzak import SuzakError
-from suzak.redaction import redact_argv
+from suzak.runs.redaction import redact_argv
 
 __all__ = [
     "EXIT_PREEMPTED",

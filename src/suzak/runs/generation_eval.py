@@ -23,9 +23,10 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from suzak.boxes import with_box_frame
-from suzak.parsing import message_text
-from suzak.vision import PixelBudget, VideoBudget
+from suzak.media.boxes import with_box_frame
+from suzak.media.video import VideoBudget
+from suzak.media.vision import PixelBudget
+from suzak.scoring.parsing import message_text
 
 __all__ = ["GenerationEvalCallback"]
 
@@ -74,7 +75,7 @@ class GenerationEvalCallback(TrainerCallback):
         self.figures: dict[str, float] = {}  # the last evaluation's figures beside the accuracy (tool calls per row)
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
-        # The trainer's ``log`` (set by :func:`suzak.session.add_first`): with it, a fresh run is also evaluated
+        # The trainer's ``log`` (set by :func:`suzak.training.session.add_first`): with it, a fresh run is also evaluated
         # before its first step.
         self.trainer_log: Callable[[dict[str, float]], None] | None = None
         self._baseline_due = False

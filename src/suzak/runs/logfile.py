@@ -5,7 +5,7 @@ which has its own handler and does not propagate to the root), each logged metri
 at every logging step), every Python warning the console prints (``warnings.warn``: transformers' and torch's
 deprecations and hints, once each as Python shows them) and the one ``error:`` line (or the traceback) a failed run
 ends with. Secret values are
-masked in every line, tracebacks included (:func:`suzak.redaction.redact`), like every other record a run writes. A resumed run appends to the same
+masked in every line, tracebacks included (:func:`suzak.runs.redaction.redact`), like every other record a run writes. A resumed run appends to the same
 file, under a header naming the launch.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from suzak.redaction import redact, redact_argv
+from suzak.runs.redaction import redact, redact_argv
 
 __all__ = ["LOG_FILE", "TrainLog"]
 

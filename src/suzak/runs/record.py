@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from suzak.redaction import is_secret_name, redact, redact_argv
+from suzak.runs.redaction import is_secret_name, redact, redact_argv
 
 __all__ = [
     "RECIPE_FILE",

@@ -27,8 +27,8 @@ from typing import Any
 from PIL import Image
 from transformers import TrainerCallback
 
+from suzak.media.vision import images_of
 from suzak.runs.checkpoints import mark_complete
-from suzak.vision import images_of
 
 __all__ = [
     "CSVStream",
@@ -152,7 +152,7 @@ class MetricsCSVCallback(_StreamCallback):
 
 
 class CompletionsCSVCallback(_StreamCallback):
-    """``completions.csv``; :class:`suzak.trainer.VLMGRPOTrainer` calls :meth:`write` after each scored batch."""
+    """``completions.csv``; :class:`suzak.training.trainer.VLMGRPOTrainer` calls :meth:`write` after each scored batch."""
 
     filename = "completions.csv"
 
@@ -199,7 +199,7 @@ class CheckpointMarkerCallback(TrainerCallback):
 def add_run_callbacks(trainer, settings: dict | None = None) -> CheckpointMarkerCallback:
     """The CSV streams and checkpoint markers on a trainer (call on every rank); returns the marker callback.
 
-    ``completions.csv`` needs :class:`suzak.trainer.VLMGRPOTrainer`'s ``completion_listeners``; other trainers (SFT)
+    ``completions.csv`` needs :class:`suzak.training.trainer.VLMGRPOTrainer`'s ``completion_listeners``; other trainers (SFT)
     get ``metrics.csv`` and the markers.
     """
     output_dir = trainer.args.output_dir

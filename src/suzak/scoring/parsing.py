@@ -120,7 +120,7 @@ def completion_text(completion) -> str:
 
 def with_opening(completion, opening: str):
     """``completion`` (any form :func:`completion_text` reads) with ``opening`` in front of its text: the whole
-    assistant turn when the chat template wrote ``opening`` at its start (:func:`suzak.prompts.template_opening`).
+    assistant turn when the chat template wrote ``opening`` at its start (:func:`suzak.scoring.prompts.template_opening`).
 
     >>> with_opening(" 3 </think> <answer>3</answer>", "<think>\\n")
     '<think>\\n 3 </think> <answer>3</answer>'

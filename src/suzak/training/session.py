@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from suzak import SuzakError
-from suzak.configs import full_argv
 from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint, write_failure
+from suzak.training.configs import full_argv
 
 __all__ = [
     "add_first",
@@ -93,14 +93,14 @@ def build_datasets(suzak_args, train_args, budget):
 
 
 def validated(dataset, suzak_args, train_args, budget):
-    """``dataset`` once every row passes :func:`suzak.checks.validate_rows`; else one line naming the first bad row,
+    """``dataset`` once every row passes :func:`suzak.training.checks.validate_rows`; else one line naming the first bad row,
     or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
     text-only model (a budget without a patch factor) are one line too."""
     import json
     import time
 
-    from suzak.checks import validate_rows
-    from suzak.rewards import gold_parser, resolve_rewards
+    from suzak.scoring.rewards import gold_parser, resolve_rewards
+    from suzak.training.checks import validate_rows
 
     image_columns = [c for c in ("image", "images", "video") if c in dataset.column_names]
     if image_columns and budget.factor is None:
@@ -137,8 +137,8 @@ def validated(dataset, suzak_args, train_args, budget):
 def build_eval_callback(suzak_args, args, heldout, processing_class, budget, toolset=None):
     """The generation-eval callback for the held-out rows (None without them), scored by the first reward; with
     ``toolset``, answered through the tool loop as the rollouts are."""
-    from suzak.rewards import resolve_reward
     from suzak.runs.generation_eval import GenerationEvalCallback
+    from suzak.scoring.rewards import resolve_reward
 
     if not heldout:
         return None
@@ -293,11 +293,11 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
     """
     from dotenv import load_dotenv
 
-    from suzak.redaction import clear_secret_fields
     from suzak.release.publish import release_request
     from suzak.runs.faults import Preempted, RankWatch
     from suzak.runs.logfile import TrainLog
     from suzak.runs.record import config_path
+    from suzak.runs.redaction import clear_secret_fields
 
     load_dotenv(os.environ.get("SUZAK_ENV_FILE", ".env"), override=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -442,8 +442,8 @@ def use_wandb_run(output_dir: str, resumed: bool) -> None:
 def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
     """A training command: logging, secrets redacted in every log line, one ``error:`` line for bad input; a run
     stopped by a signal prints its resume line and exits with :data:`suzak.runs.faults.EXIT_PREEMPTED` (75)."""
-    from suzak.redaction import install_log_redaction
     from suzak.runs.faults import EXIT_PREEMPTED, Preempted
+    from suzak.runs.redaction import install_log_redaction
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()

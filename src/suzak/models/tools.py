@@ -5,7 +5,7 @@ tool calls, calls the tool, appends its answer (text, or content blocks with ima
 next turn; the tool turns' tokens carry no loss. This module is what suzak adds for Qwen VL models:
 
 - :class:`ZoomEnvironment`, one per rollout (TRL's environment protocol: ``reset(**row)`` and one public method per
-  tool). Its ``zoom(bbox_2d)`` takes a box **in the model's own frame** (:mod:`suzak.boxes`: relative 0-1000 for
+  tool). Its ``zoom(bbox_2d)`` takes a box **in the model's own frame** (:mod:`suzak.media.boxes`: relative 0-1000 for
   Qwen2-VL, Qwen3-VL and Qwen3.5, pixels of the resized image for Qwen2.5-VL; always the frame of the row's image as
   the model saw it), crops the **original** image (not the downscaled one the model saw) and returns the crop fitted to
   its own pixel budget (``tool_max_pixels``) as the image of the next turn. A bad call (unparsable, out of the frame,
@@ -17,7 +17,7 @@ next turn; the tool turns' tokens carry no loss. This module is what suzak adds 
   most one environment per run).
 
 >>> from PIL import Image
->>> from suzak.boxes import BoxFrame
+>>> from suzak.media.boxes import BoxFrame
 >>> budget = PixelBudget(3136, 12544, factor=28)  # crops of at most 16 visual tokens
 >>> zoom = ZoomEnvironment(budget)
 >>> image = Image.new("RGB", (1000, 500))
@@ -29,7 +29,7 @@ next turn; the tool turns' tokens carry no loss. This module is what suzak adds 
 >>> zoom.zoom([600, 0, 500, 500])
 Traceback (most recent call last):
 ...
-suzak.tools.ToolError: zoom: bbox_2d [600, 0, 500, 500] is not a box of the image: x1 < x2 and y1 < y2 within 0-999
+suzak.models.tools.ToolError: zoom: bbox_2d [600, 0, 500, 500] is not a box of the image: x1 < x2 and y1 < y2 within 0-999
 >>> dict(zoom.problems)
 {'out_of_range': 1}
 """
@@ -48,8 +48,8 @@ from typing import Any
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame, box_numbers
-from suzak.vision import PixelBudget, images_of
+from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_numbers
+from suzak.media.vision import PixelBudget, images_of
 
 __all__ = [
     "ORIGINAL_IMAGE_COLUMN",

@@ -1,6 +1,6 @@
 """Videos read once, to the video budget: a file (decoded with PyAV), a list of frame files, or decoded frames.
 
-A row's ``video`` becomes a :class:`Clip`: the frames :class:`suzak.vision.VideoBudget` picks, each fitted to the
+A row's ``video`` becomes a :class:`Clip`: the frames :class:`VideoBudget` picks, each fitted to the
 budget's frame size, with where they came from (the source's fps, which frames, of how many). Every consumer gets
 the clip's frames as they are and its metadata (:meth:`Clip.metadata`): the processor, through
 :func:`processor_kwargs`, never samples or resizes them again, so training, generation and evaluation see the same
@@ -10,7 +10,6 @@ frames and the same number of video tokens. Qwen2.5-VL places frames in time wit
 PyAV (``av``, which qwen-vl-utils installs on every path) decodes files. An unreadable, missing or empty video is one
 :class:`~suzak.SuzakError` line that names it.
 
->>> from suzak.vision import DEFAULT_MIN_PIXELS, DEFAULT_VIDEO_MAX_PIXELS, VideoBudget, video_of
 >>> budget = VideoBudget(fps=2.0, max_frames=8, max_pixels=12544, factor=28)
 >>> frames = [Image.new("RGB", (64, 48), (i, 0, 0)) for i in range(10)]
 >>> clip = read_clip(frames, budget, fps=5.0)  # 2 s at 2 fps: 4 of the 10 frames
@@ -20,6 +19,7 @@ PyAV (``av``, which qwen-vl-utils installs on every path) decodes files. An unre
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import math
@@ -31,21 +31,194 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from qwen_vl_utils.vision_process import FRAME_FACTOR
+from qwen_vl_utils.vision_process import FRAME_FACTOR, smart_nframes
 
 from suzak import SuzakError
-from suzak.vision import DEFAULT_MIN_PIXELS, DEFAULT_VIDEO_MAX_PIXELS, VideoBudget, video_of
+from suzak.media.vision import DEFAULT_MIN_PIXELS, PixelBudget, fit_image, smart_resize, vision_family
 
 __all__ = [
     "Clip",
+    "DEFAULT_VIDEO_MAX_PIXELS",
+    "VIDEO_COLUMN",
+    "VideoBudget",
     "clip_key",
     "decode_file",
     "processor_kwargs",
     "read_clip",
     "row_clip",
+    "temporal_factor",
+    "video_of",
     "video_problem",
     "vllm_video",
+    "with_video",
 ]
+
+DEFAULT_VIDEO_MAX_PIXELS = 100352  # per frame: 128 tokens of 28×28 pixels (Video-R1's training setting), 98 of 32×32
+VIDEO_COLUMN = "video"
+
+
+def temporal_factor(source: Any) -> int | None:
+    """Frames per temporal patch (``temporal_patch_size``: 2 in every supported family), read from the model's
+    config or its processor's video processor; None for a text-only model.
+
+    >>> from transformers import AutoConfig
+    >>> temporal_factor(AutoConfig.for_model("qwen2_5_vl")), temporal_factor(AutoConfig.for_model("qwen3_vl"))
+    (2, 2)
+    """
+    config = getattr(source, "config", None)
+    if hasattr(config, "model_type"):
+        source = config
+    if hasattr(source, "model_type") and hasattr(source, "to_dict"):
+        return int(source.vision_config.temporal_patch_size) if vision_family(source) is not None else None
+    video_processor = getattr(source, "video_processor", source)
+    size = getattr(video_processor, "temporal_patch_size", None)
+    return int(size) if size else None
+
+
+@dataclass(frozen=True)
+class VideoBudget:
+    """How every video is sampled and sized: qwen-vl-utils' video options, with the model's factor.
+
+    ``fps``, ``min_frames`` and ``max_frames`` pick how many frames are read (``qwen_vl_utils.smart_nframes``: the
+    video's length at ``fps``, within the bounds, rounded down to a multiple of the temporal patch); frames are spread
+    evenly over the video. Each frame is fitted like an image (:func:`fit_image`) to [min_pixels, frame max], where
+    the frame max is ``max_pixels``, lowered (as qwen-vl-utils does) so the frames together stay within
+    ``total_pixels`` when that is set. Every ``temporal`` frames make one grid of (h/factor)·(w/factor) tokens.
+
+    >>> from transformers import AutoConfig
+    >>> budget = VideoBudget(fps=2.0, max_frames=8, max_pixels=50176).for_model(AutoConfig.for_model("qwen2_5_vl"))
+    >>> budget.frame_count(total_frames=90, video_fps=30.0)  # 3 s at 2 fps: 6 frames
+    6
+    >>> budget.size(6, 240, 320), budget.tokens(6, 240, 320)  # 3 grids of 6 x 9 tokens
+    ((168, 252), 162)
+    """
+
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 16
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_VIDEO_MAX_PIXELS
+    total_pixels: int | None = None
+    factor: int | None = None
+    temporal: int = FRAME_FACTOR
+
+    def __post_init__(self):
+        if not self.fps > 0:
+            raise ValueError(f"video fps must be positive, got {self.fps}")
+        if not FRAME_FACTOR <= self.min_frames <= self.max_frames:
+            raise ValueError(f"need {FRAME_FACTOR} <= video min_frames <= max_frames, got {self.min_frames} and "
+                             f"{self.max_frames}")  # fmt: skip
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(f"need 0 < video min_pixels <= max_pixels, got {self.min_pixels} and {self.max_pixels}")
+        if self.total_pixels is not None and self.total_pixels < self.min_pixels * self.max_frames:
+            raise ValueError(f"video total_pixels {self.total_pixels} is below max_frames x min_pixels "
+                             f"({self.max_frames} x {self.min_pixels})")  # fmt: skip
+
+    def for_model(self, source: Any) -> VideoBudget:
+        """This budget with the factor and temporal patch of the model behind ``source`` (as
+        :meth:`PixelBudget.for_model`); unchanged for a text-only model."""
+        image = PixelBudget(self.min_pixels, self.max_pixels, self.factor).for_model(source)
+        temporal = temporal_factor(source) or self.temporal
+        if temporal != FRAME_FACTOR:
+            raise SuzakError(f"{type(getattr(source, 'image_processor', source)).__name__} groups {temporal} frames per temporal patch; qwen-vl-utils' frame "
+                             f"sampling, which suzak's video budget uses, groups {FRAME_FACTOR}")  # fmt: skip
+        return dataclasses.replace(self, factor=image.factor, temporal=temporal)
+
+    def frame_count(self, total_frames: int, video_fps: float) -> int:
+        """Frames read from a video of ``total_frames`` frames at ``video_fps`` (``qwen_vl_utils.smart_nframes``)."""
+        if total_frames < self.temporal:
+            raise ValueError(f"a video needs at least {self.temporal} frames, this one has {total_frames}")
+        options = {"fps": self.fps, "min_frames": self.min_frames, "max_frames": self.max_frames}
+        return smart_nframes(options, total_frames=total_frames, video_fps=video_fps)
+
+    def frame_indices(self, total_frames: int, video_fps: float) -> list[int]:
+        """Which of the video's frames are read: evenly spread, first and last included (as qwen-vl-utils reads).
+
+        >>> VideoBudget(fps=1.0, min_frames=2).frame_indices(total_frames=10, video_fps=5.0)
+        [0, 9]
+        """
+        count = self.frame_count(total_frames, video_fps)
+        return np.linspace(0, total_frames - 1, count).round().astype(int).tolist()
+
+    def frame_bounds(self, num_frames: int) -> tuple[int, int]:
+        """(min, max) pixels of each of ``num_frames`` frames: qwen-vl-utils' per-frame cap under ``total_pixels``."""
+        if self.total_pixels is None:
+            return self.min_pixels, self.max_pixels
+        cap = max(min(self.max_pixels, self.total_pixels / num_frames * self.temporal), int(self.min_pixels * 1.05))
+        return self.min_pixels, int(cap)
+
+    def size(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
+        """(h, w) each of ``num_frames`` frames of this size is fitted to."""
+        low, high = self.frame_bounds(num_frames)
+        return smart_resize(height, width, low, high, factor=self._factor())
+
+    def tokens(self, num_frames: int, height: int, width: int) -> int:
+        """Visual tokens of ``num_frames`` read frames of this size (before fitting)."""
+        h, w = self.size(num_frames, height, width)
+        return math.ceil(num_frames / self.temporal) * (h // self._factor()) * (w // self._factor())
+
+    def fit(self, frame: Image.Image, num_frames: int) -> Image.Image:
+        """One of ``num_frames`` read frames, fitted (:func:`fit_image`)."""
+        low, high = self.frame_bounds(num_frames)
+        return fit_image(frame, low, high, factor=self._factor())
+
+    def _factor(self) -> int:
+        if self.factor is None:
+            raise ValueError("this video budget has no patch factor yet: VideoBudget.for_model(processor) sets the "
+                             "model's")  # fmt: skip
+        return self.factor
+
+
+def video_of(row: Mapping[str, Any]) -> Any:
+    """A data row's video (a path, frames, a decoded clip): the one a ``{"type": "video", "video": ...}`` part of the
+    prompt holds, else the ``video`` column's; None for a row without one. The one place that knows where
+    a row's video is (:func:`with_video` puts it back).
+
+    >>> video_of({"video": "clip.mp4"}), video_of({"prompt": [{"role": "user", "content": [{"type": "video",
+    ...     "video": "b.mp4"}, {"type": "text", "text": "?"}]}]}), video_of({"prompt": "text only"})
+    ('clip.mp4', 'b.mp4', None)
+    """
+    for part in _video_parts(row.get("prompt")):
+        if part.get("video") is not None:
+            return part["video"]
+    return row.get(VIDEO_COLUMN)
+
+
+def _video_parts(prompt: Any) -> list[dict]:
+    if not isinstance(prompt, list):
+        return []
+    return [part for message in prompt if isinstance(message, dict) and isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict) and part.get("type") == "video"]  # fmt: skip
+
+
+def with_video(row: Mapping[str, Any], video: Any) -> dict:
+    """A copy of a data row whose prompt's video part holds ``video`` (a decoded clip); a prompt without a video part
+    gets one at the start of its first user turn, as TRL places a row's images.
+
+    >>> row = with_video({"prompt": [{"role": "user", "content": "Which way?"}]}, "frames")
+    >>> row["prompt"][0]["content"]
+    [{'type': 'video', 'video': 'frames'}, {'type': 'text', 'text': 'Which way?'}]
+    """
+    row = dict(row)
+    prompt = [dict(m) if isinstance(m, dict) else m for m in row.get("prompt") or []]
+    if not prompt or not all(isinstance(m, dict) for m in prompt):
+        raise SuzakError("a video row needs a conversational prompt (a list of chat messages) to place its video in")
+    for message in prompt:
+        if isinstance(message.get("content"), str):
+            message["content"] = [{"type": "text", "text": message["content"]}]
+    if not _video_parts(prompt):
+        first = next((m for m in prompt if m.get("role") == "user"), prompt[0])
+        first["content"] = [{"type": "video"}, *(first.get("content") or [])]
+    placed = False
+    for message in prompt:
+        parts = []
+        for part in message.get("content") or []:
+            if isinstance(part, dict) and part.get("type") == "video" and not placed:
+                part, placed = {**part, "video": video}, True
+            parts.append(part)
+        message["content"] = parts
+    row["prompt"] = prompt
+    return row
 
 
 def _bfloat16_exact(value: float) -> float:
@@ -300,9 +473,9 @@ def read_clip(source: Any, budget: VideoBudget, *, fps: float | None = None) -> 
 
 
 def row_clip(row: Mapping[str, Any], budget: VideoBudget, memo: dict | None = None) -> Clip | None:
-    """A data row's video (:func:`suzak.vision.video_of`) read to ``budget`` (its ``video_fps`` for a frame list);
+    """A data row's video (:func:`suzak.media.video.video_of`) read to ``budget`` (its ``video_fps`` for a frame list);
     the clip already placed in it as it is; None for a row without one. Rows read with the same ``memo`` dict read a
-    video they share once (:func:`clip_key`), as :func:`suzak.vision.fit_row_images` resizes a shared image once."""
+    video they share once (:func:`clip_key`), as :func:`suzak.media.vision.fit_row_images` resizes a shared image once."""
     video = video_of(row)
     if video is None or isinstance(video, Clip):
         return video

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from suzak import SuzakError
-from suzak.prompts import DEFAULT_TEMPLATE
-from suzak.video import VideoBudgetArguments
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, family_factors
+from suzak.media.video import VideoBudgetArguments
+from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, family_factors
+from suzak.scoring.prompts import DEFAULT_TEMPLATE
 
 __all__ = ["SuzakArguments", "closest", "full_argv", "parse_args", "parse_sft_args"]
 
@@ -36,7 +36,7 @@ class SuzakArguments(VideoBudgetArguments):
     """suzak's own recipe fields; everything else is TRL's GRPOConfig / ModelConfig. Grouped as TRL groups
     ``GRPOConfig``'s (``python -m suzak.train --help`` lists them in this order, each with its help):
 
-    > Parameters that control the video budget (:class:`~suzak.video.VideoBudgetArguments`, shared with the
+    > Parameters that control the video budget (:class:`~suzak.media.video.VideoBudgetArguments`, shared with the
     evaluation): ``video_fps``, ``video_min_frames``, ``video_max_frames``, ``video_min_pixels``,
     ``video_max_pixels``, ``video_total_pixels``
 
@@ -97,7 +97,7 @@ class SuzakArguments(VideoBudgetArguments):
 
     prompt_template: str = field(
         default=DEFAULT_TEMPLATE,
-        metadata={"help": "Prompt template (suzak.prompts.TEMPLATES); also sets the answer format."},
+        metadata={"help": "Prompt template (suzak.scoring.prompts.TEMPLATES); also sets the answer format."},
     )
     opening_in_completion: bool = field(
         default=False,
@@ -134,7 +134,9 @@ class SuzakArguments(VideoBudgetArguments):
 
     rewards: list[str] = field(
         default_factory=lambda: ["clevr_count", "think_format"],
-        metadata={"help": "Reward names (suzak.rewards.REWARDS) or dotted import paths; weights: reward_weights."},
+        metadata={
+            "help": "Reward names (suzak.scoring.rewards.REWARDS) or dotted import paths; weights: reward_weights."
+        },
     )
     reward_kwargs: dict | str | None = field(
         default=None,
@@ -503,7 +505,7 @@ def _parse(config_class, argv: list[str] | None):
 
 def _check_tools(suzak_args: SuzakArguments, config) -> None:
     """The tool settings against the pixel budget and the completion length, before the model loads."""
-    from suzak.tools import check_tool_settings
+    from suzak.models.tools import check_tool_settings
 
     crop, cap = suzak_args.tool_max_pixels, suzak_args.tool_max_visual_tokens
     check_tool_settings(suzak_args.min_pixels, suzak_args.max_pixels, crop, cap)
@@ -597,7 +599,7 @@ def _recipe_reward_kwargs(suzak_args: SuzakArguments, recipe: dict, flags: list[
     a reward given as null there drops the recipe's kwargs for it. When ``--rewards`` leaves one of the recipe's
     rewards out, the recipe's kwargs for it are not applied (logged); kwargs the CLI gives for a reward that is not
     run, or a recipe's kwargs for a reward the recipe does not run, stay an error
-    (:func:`suzak.rewards.resolve_rewards`).
+    (:func:`suzak.scoring.rewards.resolve_rewards`).
     """
     mine = recipe.get("reward_kwargs")
     if not isinstance(mine, dict) or not mine:

@@ -53,7 +53,7 @@ _R1V_GEOQA = (
     "{problem} Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
 )
 # Grounding. A Qwen maintainer's RefCOCO prompt for Qwen2.5-VL (QwenLM/Qwen3-VL#991), the answer a box in the
-# model's own frame (suzak.boxes), JSON for every family but Qwen2-VL (its box tokens).
+# model's own frame (suzak.media.boxes), JSON for every family but Qwen2-VL (its box tokens).
 _REC = "Locate {problem} in this image and output the bbox coordinates in JSON format."
 # VLM-R1's REC training and evaluation prompt (om-ai-lab/VLM-R1 qwen_module.py and src/eval/test_rec_r1.py), whose
 # `problem` is "Please provide the bounding box coordinate of the region this sentence describes: <sentence>.".
@@ -113,7 +113,7 @@ def _plain(answer: str, reasoning: str) -> str:
 
 
 # name -> f(answer, reasoning) -> completion text that the format's rewards score at their maximum. A box answer is
-# rendered in the model's frame first (suzak.boxes.BoxFrame.render); ``box`` then is that text alone.
+# rendered in the model's frame first (suzak.media.boxes.BoxFrame.render); ``box`` then is that text alone.
 ANSWER_FORMATS = {"think_answer": _think_answer, "gsm8k_hash": _gsm8k_hash, "plain": _plain, "box": _plain}
 
 

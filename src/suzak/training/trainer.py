@@ -6,21 +6,21 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
 - ``prepare_batch``: every image of a batch (``image``, ``images``, images inline in the messages) is fitted once to
   the budget, before TRL's two processor calls, vLLM and the reward kwargs see it, so all of them see the same
   pixels and token counts (the copies of a prompt's image share one resize); a row's video (``video`` column, or a
-  video part of the prompt) is read once to the video budget (:func:`suzak.video.read_clip`) and placed in the
+  video part of the prompt) is read once to the video budget (:func:`suzak.media.video.read_clip`) and placed in the
   prompt as a clip, which generation and the training forward both take their frames from;
 - ``batch_scored``: the scored batch's rows go to the ``completion_listeners`` (``completions.csv``);
 - ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
   or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
 - ``train()``: the reward pre-flight, the vLLM image-bounds check and the visual-token report run before step 1
-  (:mod:`suzak.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`), a vLLM sampler
+  (:mod:`suzak.training.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`), a vLLM sampler
   that does not follow the policy (:class:`suzak.trl_internals.StaleSampler`) or a nan/inf gradient norm
   (:class:`suzak.trl_internals.NonFiniteStep`) stops it after a checkpoint of the last completed step, so
   ``--resume_from_checkpoint latest`` continues from there.
 
-The budget takes the model's patch factor from the processor (:meth:`suzak.vision.PixelBudget.for_model`: 28 pixels
+The budget takes the model's patch factor from the processor (:meth:`suzak.media.vision.PixelBudget.for_model`: 28 pixels
 per visual token for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL/Qwen3.5). The processor gets the budget's bounds, so it
 never resizes a fitted image again, and pads on the left. Generation (HF or vLLM) never samples a vision placeholder
-token (:data:`suzak.vision.VISION_PLACEHOLDERS`, the ids the evaluation engines suppress too); with colocated vLLM,
+token (:data:`suzak.media.vision.VISION_PLACEHOLDERS`, the ids the evaluation engines suppress too); with colocated vLLM,
 prompts reach vLLM with one placeholder per image and per video, and each video row's request carries its clip
 (:func:`suzak.trl_internals.vllm_requests_with_videos`).
 """
@@ -40,15 +40,26 @@ from PIL import Image
 from transformers.trainer_callback import ProgressCallback
 
 from suzak import SuzakError
-from suzak.boxes import with_box_frame
-from suzak.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
+from suzak.media.boxes import with_box_frame
+from suzak.media.video import VIDEO_COLUMN, VideoBudget, row_clip, video_of, with_video
+from suzak.media.vision import (
+    PixelBudget,
+    configure_processor,
+    fit_row_images,
+    image_columns,
+    image_gaps_filled,
+    images_of,
+    pad_left,
+    vision_token_ids,
+)
 from suzak.models.positions import use_qwen_video_positions
 from suzak.models.tool_calling import prepare_tool_calling
-from suzak.prompts import template_opening
-from suzak.rewards import read_after_opening
+from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
-from suzak.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
+from suzak.scoring.prompts import template_opening
+from suzak.scoring.rewards import read_after_opening
+from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.trl_internals import (
     DynamicSampling,
     GRPOHooks,
@@ -56,20 +67,6 @@ from suzak.trl_internals import (
     RewardFault,
     SamplerGuard,
     StaleSampler,
-)
-from suzak.video import row_clip
-from suzak.vision import (
-    VIDEO_COLUMN,
-    PixelBudget,
-    VideoBudget,
-    configure_processor,
-    fit_row_images,
-    image_gaps_filled,
-    images_of,
-    pad_left,
-    video_of,
-    vision_token_ids,
-    with_video,
 )
 
 __all__ = ["ROW_COLUMN", "VLMGRPOTrainer", "number_rows", "row_name"]
@@ -106,18 +103,18 @@ class VLMGRPOTrainer(GRPOHooks):
     """GRPOTrainer for the Qwen VL families (and text models) with one pixel budget for every image path.
 
     Extra arguments (all keyword-only):
-        pixel_budget: min/max pixels applied to every image; defaults to :class:`suzak.vision.PixelBudget`'s. Its
+        pixel_budget: min/max pixels applied to every image; defaults to :class:`suzak.media.vision.PixelBudget`'s. Its
             factor is the processor's.
-        answer_format: the answer format the prompts ask for (``suzak.prompts.ANSWER_FORMATS``); enables the
+        answer_format: the answer format the prompts ask for (``suzak.scoring.prompts.ANSWER_FORMATS``); enables the
             reward pre-flight. ``None`` skips it.
         preflight_rows: rows the pre-flight checks.
         precheck_rows: rows the visual-token pre-check reads (``None``: all of them).
-        video_budget: fps, frame bounds and per-frame pixels of every video (:class:`suzak.vision.VideoBudget`);
+        video_budget: fps, frame bounds and per-frame pixels of every video (:class:`suzak.media.video.VideoBudget`);
             its factor is the processor's.
         sampler_guard: with vLLM, when and how far vLLM's log-probabilities of its samples may drift from the
             policy's before the run stops (:class:`suzak.trl_internals.SamplerGuard`; default: every 10 steps, 0.1).
         opening_in_completion: the rewards (and the pre-flight) read each completion after the chat template's
-            opening of the assistant turn (Qwen3.5's ``<think>\\n``, :func:`suzak.prompts.template_opening`);
+            opening of the assistant turn (Qwen3.5's ``<think>\\n``, :func:`suzak.scoring.prompts.template_opening`);
             without it, a template that opens the answer format's first tag stops the run before step 1.
         dynamic_sampling: DAPO's dynamic sampling (:class:`suzak.trl_internals.DynamicSampling`); None: off.
 
@@ -161,7 +158,7 @@ class VLMGRPOTrainer(GRPOHooks):
         self.completion_opening = self._read_after_opening() if opening_in_completion else ""
 
     def _read_after_opening(self) -> str:
-        """The chat template's opening of the assistant turn (:func:`suzak.prompts.template_opening`); every reward
+        """The chat template's opening of the assistant turn (:func:`suzak.scoring.prompts.template_opening`); every reward
         function then reads each completion after it (reward models score TRL's own prompt + completion text)."""
         opening = template_opening(self.processing_class, self.chat_template_kwargs)
         if not opening:
@@ -188,7 +185,7 @@ class VLMGRPOTrainer(GRPOHooks):
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
 
     def with_box_frame(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The row with its image's box frame for the box rewards (:func:`suzak.boxes.with_box_frame`): this model's
+        """The row with its image's box frame for the box rewards (:func:`suzak.media.boxes.with_box_frame`): this model's
         family, the image's size and the size the pixel budget gives it."""
         return with_box_frame(row, self.model_type, self.pixel_budget)
 
@@ -209,7 +206,7 @@ class VLMGRPOTrainer(GRPOHooks):
 
     @property
     def zoom_factory(self) -> ZoomFactory | None:
-        """The run's zoom (:class:`suzak.tools.ZoomFactory`), None without one."""
+        """The run's zoom (:class:`suzak.models.tools.ZoomFactory`), None without one."""
         factory = (self.environment_factories or {}).get(None)
         return factory if isinstance(factory, ZoomFactory) else None
 
@@ -339,7 +336,7 @@ class VLMGRPOTrainer(GRPOHooks):
         """Reward pre-flight (stops the run on a reward/format mismatch or a chat template that opens the answer's
         first tag itself), vLLM's image bounds, the visual-token report."""
         dataset = self.train_dataset
-        has_images = "image" in dataset.column_names or "images" in dataset.column_names
+        has_images = bool(image_columns(dataset.column_names))
         if self.use_vllm and VIDEO_COLUMN in dataset.column_names:
             if self.vllm_mode == "server":
                 raise SuzakError("use_vllm with video rows runs in vllm_mode colocate: TRL's server mode sends the "

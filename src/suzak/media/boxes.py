@@ -16,14 +16,14 @@ qwen3_5         relative, integers on [0, 1000] (as Qwen3-VL)             ``{"bb
 ==============  ========================================================  ============================================
 
 :class:`BoxFrame` is one image's frame: the family, the original size and the size the pixel budget gives it (the
-exact size training, vLLM and evaluation feed the model: :meth:`suzak.vision.PixelBudget.size`). Changing the budget
+exact size training, vLLM and evaluation feed the model: :meth:`suzak.media.vision.PixelBudget.size`). Changing the budget
 moves the boxes with the image. A model-frame box maps to original pixels and back to the same integers exactly;
 an original-pixel box maps to the model frame and back within half a model unit.
 
-    python -m suzak.boxes --family qwen2_5_vl --width 1920 --height 1080 --box 100 200 500 600
+    suzak boxes --family qwen2_5_vl --width 1920 --height 1080 --box 100 200 500 600
     {"family": "qwen2_5_vl", "size": [1920, 1080], "resized": [840, 448], "frame": "pixels of the resized image",
      "box": [100, 200, 500, 600], "model_box": [44, 83, 219, 249], "answer": "{\"bbox_2d\": [44, 83, 219, 249]}"}
-    python -m suzak.boxes --family qwen2_5_vl --width 1920 --height 1080 --box 44 83 219 249 --from_model
+    suzak boxes --family qwen2_5_vl --width 1920 --height 1080 --box 44 83 219 249 --from_model
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from suzak import SuzakError
-from suzak.parsing import gold_answer, gold_boxes
-from suzak.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, family_factors, images_of
+from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, family_factors, images_of
+from suzak.scoring.parsing import gold_answer, gold_boxes
 
 __all__ = [
     "BOX_FRAME_COLUMN",
@@ -118,7 +118,7 @@ class BoxFrame:
     @classmethod
     def of(cls, family: str, width: int, height: int, budget: PixelBudget) -> BoxFrame:
         """The frame of a ``width`` x ``height`` image fed to a ``family`` model under ``budget`` (bound to the model's
-        patch factor: :meth:`suzak.vision.PixelBudget.for_model`)."""
+        patch factor: :meth:`suzak.media.vision.PixelBudget.for_model`)."""
         resized_height, resized_width = budget.size(height, width)
         return cls(family, int(width), int(height), int(resized_width), int(resized_height))
 
@@ -260,7 +260,7 @@ def put_question_boxes(prompt: Any, boxes: list[list[float]], frame: BoxFrame) -
 def model_answer(row: dict[str, Any], label: str | None = None) -> str:
     """The gold answer of ``row`` as its model should write it: a grounding row's gold boxes (original pixels) in its
     frame (:data:`BOX_FRAME_COLUMN`) and the family's form; any other row's gold answer as it is
-    (:func:`suzak.parsing.gold_answer`). The reward pre-flight's and SFT's target.
+    (:func:`suzak.scoring.parsing.gold_answer`). The reward pre-flight's and SFT's target.
 
     >>> frame = {"family": "qwen2_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
     >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame}), model_answer({"solution": "<answer> 3 </answer>"})
@@ -385,12 +385,12 @@ def match_f1(predicted: Sequence[Sequence[float]], gold: Sequence[Sequence[float
     return 2 * matched / (len(predicted) + len(gold))
 
 
-# --- python -m suzak.boxes ------------------------------------------------------------------------------------------
+# --- suzak boxes (python -m suzak.media.boxes) ------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m suzak.boxes",
+        prog="suzak boxes",
         description="Where a box lands in a Qwen family's frame at the size the pixel budget gives the image (or, "
         "with --from_model, where a model's box lands on the original image): one JSON line.",
     )  # fmt: skip
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def describe(family: str, width: int, height: int, box: Sequence[float], min_pixels: int = DEFAULT_MIN_PIXELS,
              max_pixels: int = DEFAULT_MAX_PIXELS, *, from_model: bool = False) -> dict[str, Any]:  # fmt: skip
-    """What ``python -m suzak.boxes`` prints: the frame, the resized size and the box on the other side."""
+    """What ``suzak boxes`` prints: the frame, the resized size and the box on the other side."""
     budget = PixelBudget(min_pixels, max_pixels, factor=family_factors()[family])
     frame = BoxFrame.of(family, width, height, budget)
     line: dict[str, Any] = {"family": family, "size": [width, height],

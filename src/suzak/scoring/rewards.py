@@ -1,7 +1,7 @@
 """Reward functions for GRPO, grouped by task, the ``REWARDS`` registry, and the reward pre-flight.
 
 Every reward is a plain function with TRL's signature ``f(completions, solution, **kwargs) -> list[float | None]``
-scoring 0.0..1.0; the answer parsing lives in :mod:`suzak.parsing`, shared with evaluation. A gold ``solution``
+scoring 0.0..1.0; the answer parsing lives in :mod:`suzak.scoring.parsing`, shared with evaluation. A gold ``solution``
 that cannot be parsed raises ``ValueError`` naming the batch row: bad data must never become a silent zero.
 
 >>> completions = [[{"role": "assistant", "content": "<think> 3 cubes </think> <answer> 3 </answer>"}]]
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from suzak import SuzakError
-from suzak.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, match_f1
-from suzak.parsing import (
+from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, match_f1
+from suzak.scoring.parsing import (
     box_parser,
     completion_text,
     count_parser,
@@ -40,7 +40,7 @@ from suzak.parsing import (
     with_opening,
     word_parser,
 )
-from suzak.parsing import r1v_accuracy as _r1v_accuracy
+from suzak.scoring.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
@@ -243,7 +243,7 @@ def r1v_accuracy(completions: list, solution: list, **kwargs) -> list[float | No
 
     1.0 when math-verify, parsing the *whole* completion, verifies it against the parsed raw solution; else 1.0 when
     the stripped contents of the first one-line ``<answer>…</answer>`` are the same string on both sides (the whole
-    stripped text on a side without the tag); else 0.0 (``suzak.parsing.r1v_accuracy``).
+    stripped text on a side without the tag); else 0.0 (``suzak.scoring.parsing.r1v_accuracy``).
 
     Known hole, kept because it is R1-V's rule: math-verify reads the reasoning too, so a right number in ``<think>``
     can score while the ``<answer>`` tag holds something else, and the policy can learn that. suzak's recipes use the
@@ -282,15 +282,15 @@ def word_match(
     return _answer_match("word_match", completions, solution, parse_word, parse_answer, log_metric, log_extra)
 
 
-# --- grounding: boxes in the model's own frame (suzak.boxes) ------------------------------------------------------
+# --- grounding: boxes in the model's own frame (suzak.media.boxes) ------------------------------------------------------
 
 
 def _box_frames(box_frame: list | None, count: int, name: str) -> list[BoxFrame]:
-    """Each completion's :class:`suzak.boxes.BoxFrame`, from the column VLMGRPOTrainer adds to a row with one image."""
+    """Each completion's :class:`suzak.media.boxes.BoxFrame`, from the column VLMGRPOTrainer adds to a row with one image."""
     if box_frame is None or len(box_frame) != count or any(f is None for f in box_frame):
         raise ValueError(f"{name} reads each row's box frame (the {BOX_FRAME_COLUMN!r} column suzak's trainer and "
                          "evaluation add to a row with one image: the model family and the size it sees); it has "
-                         "none here: train with suzak.trainer.VLMGRPOTrainer, one image a row")  # fmt: skip
+                         "none here: train with suzak.training.trainer.VLMGRPOTrainer, one image a row")  # fmt: skip
     return [f if isinstance(f, BoxFrame) else BoxFrame.from_dict(f) for f in box_frame]
 
 
@@ -330,7 +330,7 @@ def _first_box_ious(name: str, completions: list, solution: list, box_frame: lis
 def iou(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
         log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
     """The IoU of the first box of the completion with the first gold box, both in the model's frame (the row's
-    :class:`suzak.boxes.BoxFrame`; the gold box rounded to the frame's integers as the model would write it, so the
+    :class:`suzak.media.boxes.BoxFrame`; the gold box rounded to the frame's integers as the model would write it, so the
     best answer scores 1.0; per-axis scaling leaves IoU as in original pixels): continuous, 0.0..1.0. No box, a box
     outside the frame or a degenerate one: 0.0, counted in ``iou/unparsed_frac`` / ``iou/invalid_frac``.
 
@@ -367,7 +367,7 @@ def rec_accuracy(completions: list, solution: list, box_frame: list | None = Non
 
 def box_format(completions: list, box_frame: list | None = None, answer_format: str = "box",
                **kwargs) -> list[float | None]:  # fmt: skip
-    """1.0 when the answer is a box answer and nothing else (:func:`suzak.parsing.is_box_answer`: JSON ``bbox_2d``
+    """1.0 when the answer is a box answer and nothing else (:func:`suzak.scoring.parsing.is_box_answer`: JSON ``bbox_2d``
     objects, plain lists or Qwen2-VL's box tokens; with ``think_answer``, R1-V's think/answer format with that in the
     last ``<answer>`` tag) and every box in it is a box of the row's frame (inside it, x1 < x2, y1 < y2), else 0.0.
 
@@ -392,7 +392,7 @@ def box_format(completions: list, box_frame: list | None = None, answer_format: 
 def box_f1(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
            threshold: float = 0.5, log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
     """F1 of every predicted box against every gold box, a prediction matching one gold box at IoU >= ``threshold``
-    (:func:`suzak.boxes.match_f1`): the reward for several objects (detection). A box outside the frame counts as a
+    (:func:`suzak.media.boxes.match_f1`): the reward for several objects (detection). A box outside the frame counts as a
     wrong prediction.
 
     >>> frame = {"family": "qwen3_vl", "width": 100, "height": 100, "resized_width": 96, "resized_height": 96}
@@ -442,7 +442,7 @@ def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
     With kwargs the result is a ``functools.partial`` that keeps the reward's ``__name__`` (TRL logs rewards under
     it); each kwarg must be a named parameter of the reward, so a typo fails here rather than being ignored.
 
-    >>> resolve_reward("suzak.rewards.think_format") is think_format
+    >>> resolve_reward("suzak.scoring.rewards.think_format") is think_format
     True
     >>> resolve_reward("gsm8k_format", {"style": "think"}).__name__
     'gsm8k_format'
@@ -496,7 +496,7 @@ def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
 
 
 def read_after_opening(reward: Callable, opening: str) -> Callable:
-    """``reward`` reading every completion with ``opening`` in front (:func:`suzak.parsing.with_opening`): the chat
+    """``reward`` reading every completion with ``opening`` in front (:func:`suzak.scoring.parsing.with_opening`): the chat
     template's opening of the assistant turn (Qwen3.5's ``<think>\\n``), which the policy never generates itself.
 
     Keeps what TRL and suzak read off a reward: its ``__name__`` (metric names), its gold parser, async or not.

@@ -9,9 +9,9 @@
 - :func:`precheck`: visual tokens and prompt lengths over a sample of the dataset, with a warning when prompt +
   completion would not fit the model's context;
 - :func:`validate_rows`: every row of the dataset, on all cores: each image opens, decodes to the last byte, converts
-  and fits the budget; each gold answer parses for every reward that reads one (:func:`suzak.rewards.gold_parser`).
+  and fits the budget; each gold answer parses for every reward that reads one (:func:`suzak.scoring.rewards.gold_parser`).
 
->>> from suzak.rewards import clevr_count, think_format
+>>> from suzak.scoring.rewards import clevr_count, think_format
 >>> rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
 >>> preflight(rows, [clevr_count, think_format], "think_answer")
 """
@@ -34,13 +34,13 @@ from typing import Any
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.boxes import QUESTION_BOXES_COLUMN, box_problem, model_answer, question_boxes_of
-from suzak.parsing import gold_answer, gold_boxes
-from suzak.prompts import after_opening, render_answer, template_opening
-from suzak.rewards import reads_rollout
+from suzak.media.boxes import QUESTION_BOXES_COLUMN, box_problem, model_answer, question_boxes_of
+from suzak.media.video import VIDEO_COLUMN, VideoBudget, row_clip, video_problem
+from suzak.media.vision import PixelBudget, image_columns, images_of, processor_bounds, prompt_tokens, to_rgb
+from suzak.scoring.parsing import gold_answer, gold_boxes
+from suzak.scoring.prompts import after_opening, render_answer, template_opening
+from suzak.scoring.rewards import reads_rollout
 from suzak.trl_internals import reward_call_kwargs
-from suzak.video import row_clip, video_problem
-from suzak.vision import PixelBudget, VideoBudget, images_of, processor_bounds, prompt_tokens, to_rgb
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
 
@@ -62,11 +62,11 @@ def preflight(
     (every dataset column as a keyword list), with plain-string and with conversational completions. A reward with
     weight 0 is skipped. A mismatch between rewards and prompt template otherwise shows up only as a flat reward
     curve hours later; here it raises ``SuzakError`` at once. A reward of the rollout rather than the answer
-    (:func:`suzak.rewards.reads_rollout`, e.g. ``zoom_used``) is skipped. ``opening``: the chat template's opening of the
+    (:func:`suzak.scoring.rewards.reads_rollout`, e.g. ``zoom_used``) is skipped. ``opening``: the chat template's opening of the
     assistant turn that the rewards read each completion after (``opening_in_completion``); the completions checked
-    are then what the model writes after it (:func:`suzak.prompts.after_opening`).
+    are then what the model writes after it (:func:`suzak.scoring.prompts.after_opening`).
 
-    >>> from suzak.rewards import clevr_count, think_format
+    >>> from suzak.scoring.rewards import clevr_count, think_format
     >>> rows = [{"prompt": [{"role": "user", "content": "How many?"}], "solution": "<answer> 3 </answer>"}]
     >>> preflight(rows, [clevr_count, think_format], "think_answer")
     >>> preflight(rows, [clevr_count], "gsm8k_hash")  # doctest: +ELLIPSIS
@@ -155,7 +155,7 @@ def check_answer_opening(processing_class: Any, answer_format: str, chat_templat
     thinking block and never writes ``<think>`` itself, so R1-V's ``think_answer`` format (``<think>…</think>
     <answer>…</answer>``, scored by ``think_format``) would score every completion 0, silently. Two ways out, per
     recipe: ``opening_in_completion: true`` (rewards and evaluation read each completion after the template's
-    opening, :func:`suzak.prompts.template_opening`) or the template's own switch (``chat_template_kwargs:
+    opening, :func:`suzak.scoring.prompts.template_opening`) or the template's own switch (``chat_template_kwargs:
     {enable_thinking: false}``). ``chat_template_kwargs`` are TRL's, applied as training applies them.
     """
     tag = re.match(r"\s*<([A-Za-z_][\w-]*)>", render_answer(answer_format, "1"))
@@ -296,31 +296,31 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
 
     Images are read from the stored bytes or files themselves (not through datasets' decoding, which would raise
     out of the loop): opened, decoded to the last byte (a truncated PNG fails here, not at row 280 of step 40),
-    converted to RGB and sized for ``budget`` (what :func:`suzak.vision.fit_image` does before resampling). ``gold_parsers`` (reward name -> parser of the gold answer) each read every
+    converted to RGB and sized for ``budget`` (what :func:`suzak.media.vision.fit_image` does before resampling). ``gold_parsers`` (reward name -> parser of the gold answer) each read every
     row's ``solution``. Runs on ``num_proc`` processes (default: every core for large datasets) with a progress bar;
     datasets caches the result, so a second run on the same data costs nothing.
     """
     import datasets
 
-    image_columns = [c for c in ("image", "images") if c in dataset.column_names]
-    if image_columns and budget.factor is None:
+    images = image_columns(dataset.column_names)
+    if images and budget.factor is None:
         raise ValueError("validate_rows sizes images for a model: pass PixelBudget.for_model(processor or config)")
-    columns = image_columns + [c for c in ("video", "solution", "line", "image_path", QUESTION_BOXES_COLUMN)
+    columns = images + [c for c in (VIDEO_COLUMN, "solution", "line", "image_path", QUESTION_BOXES_COLUMN)
                                if c in dataset.column_names]  # fmt: skip
     raw = dataset.select_columns(columns)
-    for column in image_columns:
+    for column in images:
         feature = raw.features[column]
         if isinstance(feature, datasets.Image):
             raw = raw.cast_column(column, datasets.Image(decode=False))
         elif isinstance(getattr(feature, "feature", None), datasets.Image):
             raw = raw.cast_column(column, datasets.List(datasets.Image(decode=False)))
-    if "video" in columns and isinstance(getattr(raw.features["video"], "feature", None), datasets.Image):
-        raw = raw.cast_column("video", datasets.List(datasets.Image(decode=False)))  # frames: checked, not decoded
+    if VIDEO_COLUMN in columns and isinstance(getattr(raw.features[VIDEO_COLUMN], "feature", None), datasets.Image):
+        raw = raw.cast_column(VIDEO_COLUMN, datasets.List(datasets.Image(decode=False)))  # frames: checked, not decoded
     if num_proc is None:
         num_proc = max(1, min(os.cpu_count() or 1, len(raw) // 2000))
     checked = raw.map(
         _row_problem, with_indices=True, remove_columns=columns, num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"budget": budget, "gold_parsers": gold_parsers or {}, "image_columns": image_columns},
+        fn_kwargs={"budget": budget, "gold_parsers": gold_parsers or {}, "image_columns": images},
         desc="validating rows",
     )  # fmt: skip
     found = checked.filter(lambda row: bool(row["column"]), desc="collecting bad rows")
@@ -366,7 +366,7 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
 
 def _boxes_problem(boxes: list, sizes: list[tuple[int, int]], reward: str) -> str:
     """Why a grounding row's gold boxes (original pixels) cannot be trained on ('' when they can): the row needs one
-    image, and each box must lie inside it with x1 < x2 and y1 < y2 (:func:`suzak.boxes.box_problem`)."""
+    image, and each box must lie inside it with x1 < x2 and y1 < y2 (:func:`suzak.media.boxes.box_problem`)."""
     if len(sizes) != 1:
         return f"{reward} reads boxes on one image, and the row has {len(sizes)}"
     width, height = sizes[0]
@@ -377,7 +377,7 @@ def _boxes_problem(boxes: list, sizes: list[tuple[int, int]], reward: str) -> st
 
 
 def _question_boxes_problem(row: dict, sizes: list[tuple[int, int]]) -> str:
-    """Why a row's question boxes (original pixels, :data:`suzak.boxes.QUESTION_BOXES_COLUMN`) cannot be put in its
+    """Why a row's question boxes (original pixels, :data:`suzak.media.boxes.QUESTION_BOXES_COLUMN`) cannot be put in its
     question ('' when they can): one image, each box inside it."""
     try:
         boxes = question_boxes_of(row)
