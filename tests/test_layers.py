@@ -130,3 +130,9 @@ def test_the_checks_can_fail():
     assert find_cycle(
         {"suzak.scoring.parsing": {"suzak.media.vision"}, "suzak.media.vision": {"suzak.scoring.parsing"}}
     ) == ["suzak.media.vision", "suzak.scoring.parsing", "suzak.media.vision"]
+
+
+def test_the_package_top_holds_at_most_16_entries():
+    """src/suzak reads at a glance: the commands, trl_internals and the packages (docs/architecture.md)."""
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 16, entries
