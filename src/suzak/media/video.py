@@ -34,7 +34,7 @@ from PIL import Image, UnidentifiedImageError
 from qwen_vl_utils.vision_process import FRAME_FACTOR, smart_nframes
 
 from suzak import SuzakError
-from suzak.media.vision import DEFAULT_MIN_PIXELS, PixelBudget, fit_image, smart_resize, vision_family
+from suzak.media.vision import DEFAULT_MIN_PIXELS, PixelBudget, fit_image, processor_name, smart_resize, vision_family
 
 __all__ = [
     "Clip",
@@ -120,7 +120,7 @@ class VideoBudget:
         image = PixelBudget(self.min_pixels, self.max_pixels, self.factor).for_model(source)
         temporal = temporal_factor(source) or self.temporal
         if temporal != FRAME_FACTOR:
-            raise SuzakError(f"{type(getattr(source, 'image_processor', source)).__name__} groups {temporal} frames per temporal patch; qwen-vl-utils' frame "
+            raise SuzakError(f"{processor_name(source)} groups {temporal} frames per temporal patch; qwen-vl-utils' frame "
                              f"sampling, which suzak's video budget uses, groups {FRAME_FACTOR}")  # fmt: skip
         return dataclasses.replace(self, factor=image.factor, temporal=temporal)
 

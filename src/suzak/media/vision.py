@@ -57,6 +57,7 @@ __all__ = [
     "pad_left",
     "patch_factor",
     "processor_bounds",
+    "processor_name",
     "ratio_padded_size",
     "prompt_tokens",
     "smart_resize",
@@ -208,7 +209,7 @@ class PixelBudget:
             return self
         if self.factor is not None:
             raise SuzakError(f"the pixel budget was set for {self.factor}x{self.factor}-pixel visual tokens but "
-                             f"{_name(source)} makes {factor}x{factor}: the processor and the model disagree")  # fmt: skip
+                             f"{processor_name(source)} makes {factor}x{factor}: the processor and the model disagree")  # fmt: skip
         if self.max_pixels < factor * factor:
             raise SuzakError(f"max_pixels {self.max_pixels} is below one visual token of this model ({factor}x{factor}"
                              f" = {factor * factor} pixels): set max_pixels to at least {factor * factor}")  # fmt: skip
@@ -252,7 +253,8 @@ class PixelBudget:
         return min_pixels <= self.min_pixels and self.max_pixels <= max_pixels
 
 
-def _name(source: Any) -> str:
+def processor_name(source: Any) -> str:
+    """The class name of ``source``'s image processor (or of ``source``), for error lines about a model's patch grid."""
     return type(getattr(source, "image_processor", source)).__name__
 
 
