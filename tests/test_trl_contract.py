@@ -434,3 +434,49 @@ def test_pixel_values_split_and_merge_by_image_grid():
     assert [len(rows) for rows in split["pixel_values"]] == [4, 8] and len(split["image_grid_thw"]) == 2
     assert torch.equal(unsplit_pixel_values_by_grid(split)["pixel_values"], batch["pixel_values"])
     assert nanstd(torch.tensor([[1.0, 1.0], [0.0, 2.0]]), dim=1).tolist() == [0.0, 1.4142135381698608]
+
+
+def test_the_fused_lm_head_asks_use_triton_whether_to_score_labelled_positions_only(monkeypatch):
+    """score_labelled_positions_only replaces ``trl.trainer.utils._use_triton``, which TRL's fused LM head reads at
+    call time to pick between scoring the labelled positions (``compact``) and every position; the kernel's own tile
+    choice (``trl.kernels.chunked_logprob._use_triton``) stays TRL's. Patched, a CPU forward hands the kernel only the
+    labelled positions and returns the same log-probabilities and entropies as unpatched."""
+    from types import SimpleNamespace
+
+    import torch
+    import trl.kernels.chunked_logprob as kernel
+    import trl.trainer.utils as trl_utils
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from suzak.trl_internals import score_labelled_positions_only
+
+    source = inspect.getsource(trl_utils.add_fused_lm_head)
+    assert "compact = _use_triton(hidden_states.device)" in source
+    assert "hidden_states[mask] if compact else hidden_states.reshape(-1, hidden_states.size(-1))" in source
+    assert trl_utils._use_triton is kernel._use_triton or getattr(trl_utils._use_triton, "compact_on_cpu", False)
+    assert not kernel._use_triton(torch.device("cpu"))
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    trl_utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    ids = torch.randint(0, 64, (3, 12))
+    labels = ids.clone()
+    labels[:, :8] = -100  # the prompt: 7 of the 11 shifted positions of each row carry no label
+    scored = []
+    apply = kernel.ChunkedLogProbFunction.apply
+
+    def counting(hidden, *args):
+        scored.append(hidden.shape[0])
+        return apply(hidden, *args)
+
+    assert trl_utils._ChunkedLogProbFunction is kernel.ChunkedLogProbFunction
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", SimpleNamespace(apply=counting))
+    monkeypatch.setattr(trl_utils, "_use_triton", kernel._use_triton)  # TRL's own choice first
+    every = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    score_labelled_positions_only()
+    compact = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    assert scored == [3 * 11, 3 * 4]
+    assert torch.equal(every.log_probs, compact.log_probs) and torch.equal(every.entropy, compact.entropy)
+    assert kernel._use_triton is trl_utils._use_triton.trl_use_triton  # the kernel's tiles: TRL's choice still

@@ -406,6 +406,7 @@ def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], ste
     from suzak.data.zoom import CHECKS
     from suzak.media.boxes import model_answer, with_box_frame
     from suzak.models.tools import ZOOM, ZoomEnvironment, with_original_image
+    from suzak.trl_internals import score_labelled_positions_only
 
     zoom = ZoomEnvironment(crops or budget)
     tools = [get_json_schema(zoom.zoom)]
@@ -441,6 +442,7 @@ def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], ste
                      lr_scheduler_type=lr_scheduler_type, completion_only_loss=True, save_strategy="no",
                      report_to="none", use_cpu=model.device.type == "cpu", disable_tqdm=True, logging_steps=steps,
                      bf16=False, gradient_checkpointing=False)  # fmt: skip
+    score_labelled_positions_only()  # TRL's SFTTrainer, not suzak's: its fused LM head scores the completions only
     SFTTrainer(
         model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
     ).train()
@@ -603,6 +605,7 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
     from trl import SFTConfig, SFTTrainer
 
     from suzak.media.vision import configure_processor
+    from suzak.trl_internals import score_labelled_positions_only
 
     if config.task == "grounding":
         rows = _grounding_prior_rows(config, model, budget)
@@ -619,6 +622,7 @@ def _answer_prior(config: SelfTestConfig, model, processor, budget: PixelBudget,
         use_cpu=config.device == "cpu", disable_tqdm=True,
     )  # fmt: skip
     configure_processor(processor, budget)
+    score_labelled_positions_only()  # TRL's SFTTrainer, not suzak's: its fused LM head scores the completions only
     trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                          processing_class=processor)  # fmt: skip
     _quiet_progress(trainer)

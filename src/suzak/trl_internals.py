@@ -44,6 +44,9 @@ by name, instead of somewhere in a training run:
   turn (``trl.chat_template_utils.parse_response``), which of an environment's methods it offers as tools, and the
   tool turn it appends for a result or a failed call (``{"error": ...}``), for the evaluation's tool loop
   (:mod:`suzak.eval.tool_loop`) to run the same loop outside the trainer;
+- :func:`score_labelled_positions_only`: ``trl.trainer.utils._use_triton``, which TRL's fused LM head
+  (``add_fused_lm_head``'s forward) asks whether to score only the positions with a label (Triton devices) or every
+  position (elsewhere, for compiled backends' fixed shapes): on the CPU, only the labelled ones too;
 - :func:`colocated_vllm_on_cpu` / :func:`keep_vllm_cpu_weights_live`: vLLM's own internals, on its CPU platform
   only: the unquantized linear and embedding layers keep computing from the weights TRL's weight sync writes into
   (vLLM packs a copy at load, ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), and TRL's
@@ -106,6 +109,7 @@ __all__ = [
     "parse_turn",
     "reward_call_kwargs",
     "sampling_logps",
+    "score_labelled_positions_only",
     "tool_call_parser",
     "tool_message",
     "vllm_requests_with_videos",
@@ -556,6 +560,31 @@ def forget_vision_features_on_sync(generation, main_process: bool) -> None:
     generation.sync_weights = sync_and_forget
 
 
+def score_labelled_positions_only() -> None:
+    """TRL's fused LM head scores only the positions with a label on the CPU too (patched once, for the process).
+
+    TRL 1.16's ``add_fused_lm_head`` projects every position of a batch through the LM head, prompt and padding
+    included, on devices without Triton (``compact = _use_triton(device)``: elsewhere a changing count of labelled
+    positions would recompile a compiled backend's tiles), and masks the results afterwards. On the CPU, in eager
+    PyTorch, nothing recompiles, and a GRPO batch's prompts are most of its positions: the forward and backward of the
+    LM head on the prompt were ~40 % of a self-test prior's SFT step on the tiny model. Every labelled position gets
+    the same log-probability and entropy either way (each row of the projection is its own); the other positions are
+    0 in both. GPUs (Triton) are unchanged.
+    """
+    import trl.trainer.utils as trl_utils
+
+    tritons = trl_utils._use_triton
+    if getattr(tritons, "compact_on_cpu", False):
+        return
+
+    def compact(device: torch.device) -> bool:
+        return device.type == "cpu" or tritons(device)
+
+    compact.compact_on_cpu = True
+    compact.trl_use_triton = tritons
+    trl_utils._use_triton = compact
+
+
 @contextmanager
 def colocated_vllm_on_cpu(model: torch.nn.Module):
     """While TRL builds its colocated ``vllm.LLM``: on vLLM's CPU platform, make it a sampler of the policy.
@@ -692,6 +721,7 @@ class TrainerHooks:
     """
 
     def __init__(self, *args, **kwargs):
+        score_labelled_positions_only()
         super().__init__(*args, **kwargs)
         keep_adapters_fp32(self.model)
 
