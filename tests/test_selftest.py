@@ -369,3 +369,41 @@ def test_grounding_selftest_learns_boxes_aligned_but_not_shuffled(tmp_path):
     assert report["task"] == "grounding" and report["passed"] and report["unsuppressed_in_eval"] == []
     assert report["aligned_accuracy"] >= 0.5 and report["control_accuracy"] <= 0.4
     assert report["heldout_accuracy"] >= 0.5 and report["detail"]["heldout"]["shuffled"] < 0.4
+
+
+@pytest.mark.parametrize("task", ["counting", "grounding", "video"])
+def test_conditions_with_the_same_prior_start_from_one_copy_of_it(task, monkeypatch, tmp_path):
+    """Counting, grounding and video give the aligned run and its control the same answer prior: it is trained once,
+    before the conditions, and each condition loads that copy; the copy's weights are the ones a condition's own
+    prior gives, to the bit. Zoom's two priors differ (the call with the tool, an answer without): none is shared."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import suzak.selftest as selftest
+    from suzak.models.tiny import TinyConfig, build_tiny_model
+
+    monkeypatch.setitem(selftest.TASKS, task, dataclasses.replace(selftest.TASKS[task], prior_steps=2))
+    config = selftest.SelfTestConfig(task=task, steps=1)
+    model_dir = build_tiny_model(tmp_path / "model", TinyConfig.shaped("qwen2_5_vl", for_vllm=config.spec.vllm_shape))
+    trained, started, prior = [], {}, selftest._prior
+    monkeypatch.setattr(selftest, "_prior", lambda *args: trained.append(args[1]) or prior(*args))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one core: the conditions run here, in turn
+    monkeypatch.setattr(selftest, "_train_in_process",
+                        lambda config, model_dir, images, output_dir, prior=None: started.setdefault(images, prior))  # fmt: skip
+    selftest._train_conditions(config, model_dir, ("aligned", "shuffled"), tmp_path / "run")
+    assert trained == ["aligned and shuffled"]
+    assert started["aligned"] == started["shuffled"] == tmp_path / "run" / "prior" / "model"
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    initial = {name: value.clone() for name, value in model.state_dict().items()}
+    budget, video_budget = selftest._budgets(config, processor)
+    prior(config, "aligned", model, processor, budget, video_budget, budget, tmp_path / "own")
+    own = model.state_dict()
+    assert any(not torch.equal(own[name], value) for name, value in initial.items())  # the prior trained
+    shared = AutoModelForImageTextToText.from_pretrained(started["aligned"]).state_dict()
+    assert shared.keys() == own.keys() and all(torch.equal(own[name], value) for name, value in shared.items())
+    zoom = selftest.SelfTestConfig(task="zoom", steps=1)
+    assert selftest._shared_prior(zoom, model_dir, ("aligned", selftest.NO_TOOL), tmp_path / "zoom") is None

@@ -708,31 +708,22 @@ def _video_answer_prior(config: SelfTestConfig, model, processor, budget: PixelB
         optimizer.zero_grad(set_to_none=True)
 
 
-def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-    from trl import GRPOConfig
-
+def _budgets(config: SelfTestConfig, processor) -> tuple[PixelBudget, VideoBudget]:
+    """The task's image budget (its images' exact size) and video budget (its frames at that size)."""
     from suzak.media.vision import patch_factor
-    from suzak.training.trainer import VLMGRPOTrainer
 
-    spec = config.spec
-    processor = AutoProcessor.from_pretrained(model_dir)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir)
-    factor = patch_factor(processor)
-    width, height = spec.image_size(factor)
+    width, height = config.spec.image_size(patch_factor(processor))
     budget = PixelBudget(width * height, width * height).for_model(processor)
-    frames = spec.video_frames or 4
+    frames = config.spec.video_frames or 4
     video_budget = VideoBudget(fps=VIDEO_FPS, min_frames=frames, max_frames=frames, min_pixels=width * height,
                                max_pixels=width * height)  # fmt: skip
-    toolset, crops = None, budget.for_crops(width * height)  # crops at the whole image's budget
-    if spec.tools and images != spec.control:  # the zoom task's aligned run: the tool, its template and parser
-        from suzak.media.vision import configure_processor
-        from suzak.models.tool_calling import prepare_tool_calling
-        from suzak.models.tools import resolve_tools
+    return budget, video_budget
 
-        prepare_tool_calling(processor, model.config.model_type)
-        configure_processor(processor, budget)
-        toolset = resolve_tools(list(spec.tools), crops)
+
+def _prior(config: SelfTestConfig, images: str, model, processor, budget: PixelBudget, video_budget: VideoBudget,
+           crops: PixelBudget, output_dir: Path, toolset=None) -> None:  # fmt: skip
+    """The task's prior for the ``images`` condition, in place on ``model`` (none for the colour task)."""
+    spec = config.spec
     if spec.prior_steps and config.task == "zoom":
         logger.info("%s run: %s prior (%d SFT steps on grey squares)", images, "call" if toolset else "answer",
                     spec.prior_steps)  # fmt: skip
@@ -748,7 +739,51 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
             "a grey image" if config.task == "grounding" else "the empty table",
         )
         _answer_prior(config, model, processor, budget, output_dir)
-    if spec.beta:  # TRL builds the reference model from the model's folder: the policy after its prior
+
+
+def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str, ...], folder: Path) -> Path | None:
+    """The conditions' common prior, trained once and saved in ``folder`` (model and processor), when they have one:
+    counting, grounding and video give the aligned run and its control the same answer prior (the same grey rows,
+    seed and steps), so each condition starts from this copy instead of training it again. None when the task has no
+    prior or its conditions' differ (zoom: the call prior with the tool, an answer prior without)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    spec = config.spec
+    if not spec.prior_steps or spec.tools:
+        return None
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    budget, video_budget = _budgets(config, processor)
+    _prior(config, " and ".join(conditions), model, processor, budget, video_budget, budget, folder)
+    model.save_pretrained(folder / "model")
+    processor.save_pretrained(folder / "model")
+    return folder / "model"
+
+
+def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path, prior: Path | None = None):
+    """One condition's run: its prior (unless ``prior``, the folder of a model that had it), GRPO, held-out."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig
+
+    from suzak.training.trainer import VLMGRPOTrainer
+
+    spec = config.spec
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(prior or model_dir)
+    budget, video_budget = _budgets(config, processor)
+    factor = budget.factor
+    toolset, crops = None, budget.for_crops(budget.max_pixels)  # crops at the whole image's budget
+    if spec.tools and images != spec.control:  # the zoom task's aligned run: the tool, its template and parser
+        from suzak.media.vision import configure_processor
+        from suzak.models.tool_calling import prepare_tool_calling
+        from suzak.models.tools import resolve_tools
+
+        prepare_tool_calling(processor, model.config.model_type)
+        configure_processor(processor, budget)
+        toolset = resolve_tools(list(spec.tools), crops)
+    if prior is None:
+        _prior(config, images, model, processor, budget, video_budget, crops, output_dir, toolset)
+    if spec.beta and prior is None:  # TRL builds the reference model from the model's folder: the prior's policy
         model.save_pretrained(output_dir / "prior-model")
         processor.save_pretrained(output_dir / "prior-model")
         model = AutoModelForImageTextToText.from_pretrained(output_dir / "prior-model")
@@ -787,16 +822,17 @@ def _vllm_settings(config: SelfTestConfig) -> dict:
             "vllm_max_model_length": 2048 if config.spec.tools else 1024}  # fmt: skip
 
 
-def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path):
+def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path,
+                      prior: Path | None = None):  # fmt: skip
     """``_train``; with vLLM in a fresh process, since a colocated vLLM engine keeps the GPU (or its CPU memory) and
     its process group until its process ends and each condition starts its own."""
     if not config.vllm:
-        return _train(config, model_dir, images, output_dir)
+        return _train(config, model_dir, images, output_dir, prior)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_train, config, model_dir, images, output_dir).result()
+        return pool.submit(_train, config, model_dir, images, output_dir, prior).result()
 
 
 def _free_ports(count: int) -> list[int]:
@@ -828,20 +864,28 @@ def _train_conditions(config: SelfTestConfig, model_dir: Path, conditions: tuple
     build each process holds its own colocated engine (a port each for TRL's one-process group; in colocate mode
     vLLM binds no threads, so each keeps its share) and ends with its run. The runs are the same up to the order of
     float sums, so their curves match one after the other's to the noise of sampling. On a GPU they run one after the
-    other (one device)."""
+    other (one device). A prior the conditions share (:func:`_shared_prior`) is trained once, first, on as many
+    threads as each condition gets."""
+    import torch
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if config.device != "cpu" or len(conditions) < 2 or cores < 2:
-        return {images: _train_in_process(config, model_dir, images, tmp / images) for images in conditions}
+    together = config.device == "cpu" and len(conditions) > 1 and cores > 1
+    threads = max(1, cores // len(conditions)) if together else torch.get_num_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        prior = _shared_prior(config, model_dir, conditions, tmp / "prior")
+    finally:
+        torch.set_num_threads(before)
+    if not together:
+        return {images: _train_in_process(config, model_dir, images, tmp / images, prior) for images in conditions}
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    import torch
-
-    threads = max(1, cores // len(conditions))
     ports = _free_ports(len(conditions)) if config.vllm else [None] * len(conditions)
     with ProcessPoolExecutor(len(conditions), mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1,
                              initializer=torch.set_num_threads, initargs=(threads,)) as pool:  # fmt: skip
-        runs = {images: pool.submit(_train_on_port, port, config, model_dir, images, tmp / images)
+        runs = {images: pool.submit(_train_on_port, port, config, model_dir, images, tmp / images, prior)
                 for images, port in zip(conditions, ports, strict=True)}  # fmt: skip
         return {images: run.result() for images, run in runs.items()}
 
