@@ -565,8 +565,11 @@ def test_eval_with_zoom_gives_the_same_calls_and_answers_on_both_engines(vllm_zo
 
 
 def _layer(rows: int = 64, columns: int = 32) -> torch.nn.Module:
+    """A linear layer's weight in fp32, the dtype vLLM's CPU build runs the policy in (colocated_vllm_on_cpu): vLLM
+    packs it for oneDNN on any x86 CPU, where a bf16 weight gets oneDNN only with AVX-512 BF16 (elsewhere vLLM falls
+    back to torch's linear over the weight itself, and the test below would pin the host, not vLLM)."""
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.randn(rows, columns, dtype=torch.bfloat16), requires_grad=False)
+    layer.weight = torch.nn.Parameter(torch.randn(rows, columns), requires_grad=False)
     layer.bias = None
     return layer
 
@@ -595,7 +598,7 @@ def test_vllms_cpu_layers_compute_from_a_copy_made_at_load(kind, vllm_dispatch):
     method = UnquantizedLinearMethod() if kind == "linear" else UnquantizedEmbeddingMethod()
     layer = _layer()
     weight = layer.weight
-    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    x = torch.randn(3, 32)
     method.process_weights_after_loading(layer)
     if kind == "linear":
         assert layer.weight is not weight and layer.weight.numel() == 0
@@ -617,7 +620,7 @@ def test_suzak_keeps_the_weights_the_sync_writes_into(kind, vllm_dispatch):
     layer = _layer()
     weight = layer.weight
     method.process_weights_after_loading(layer)
-    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    x = torch.randn(3, 32)
     before = method.apply(layer, x)
     assert layer.weight is weight and torch.allclose(before, torch.nn.functional.linear(x, weight))
     layer.weight.data.mul_(-1)  # what a weight sync does: write into the parameter
