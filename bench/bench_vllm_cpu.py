@@ -9,8 +9,9 @@ run is ``python -m suzak.train --config recipes/demo.yaml`` on the vLLM-ready ti
 the same model, fp32, 16 prompts x 8 one-token completions a step), in its own process; the row has the median
 step time after the first 5 steps (TRL's ``step_time``), the wall time of the whole command, and the reward and
 held-out accuracy it reached. ``engine`` rows time ``vllm.LLM`` as TRL's colocate mode builds it (external launcher,
-in the calling process, the policy's dtype) from the call to a ready engine, twice: the first start of a fresh
-machine also compiles (torch.compile, cached under ~/.cache/vllm), the second reads the cache.
+in the calling process, the policy's dtype, eager as suzak runs vLLM's CPU build) from the call to a ready engine,
+twice: the first start of a fresh machine also compiles vLLM's sampler (cached under ~/.cache/vllm), the second reads
+the cache. Rows before 2026-11-27 were taken with vLLM's start-up torch.compile of the model (suzak's default then).
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ def engine_row(model: str, attempt: int) -> dict:
     code = f"""
 import os, time, torch
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
-from suzak.trl_internals import keep_vllm_cpu_weights_live
+from suzak.trl_internals import keep_vllm_cpu_weights_live, vllm_cpu_settings
 keep_vllm_cpu_weights_live()
 from vllm import LLM
 start = time.monotonic()
 LLM(model={model!r}, distributed_executor_backend="external_launcher", max_num_batched_tokens=4096, seed=0,
-    logprobs_mode="processed_logprobs", dtype=torch.float32, max_model_len=1024)
+    logprobs_mode="processed_logprobs", dtype=torch.float32, max_model_len=1024, **vllm_cpu_settings())
 print("ENGINE_START", time.monotonic() - start)
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

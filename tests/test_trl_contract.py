@@ -210,14 +210,14 @@ def test_the_scored_batch_holds_what_the_sampler_guard_reads():
 
 def test_colocated_vllm_is_built_from_the_module_name_with_no_dtype():
     """``colocated_vllm_on_cpu`` swaps ``trl.generation.vllm_generation.LLM`` while TRL builds the engine, to pass the
-    policy's dtype; TRL must build it by that name, and not pass a dtype of its own."""
+    policy's dtype and eager on the CPU; TRL must build it by that name, and pass neither of its own."""
     import trl.generation.vllm_generation as module
 
     source = inspect.getsource(module)
     assert "from vllm import LLM" in source
     init = source[source.index("self.llm = LLM(") :]
     call = init[: init.index("\n            )\n")]
-    assert "model=model.name_or_path" in call and "dtype" not in call
+    assert "model=model.name_or_path" in call and "dtype" not in call and "enforce_eager" not in call
     assert 'logprobs_mode="processed_logprobs"' in call  # the sampler guard compares after temperature and bias
 
 

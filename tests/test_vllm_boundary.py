@@ -118,6 +118,7 @@ def test_sampling_params_are_vllms(input_processor, tiny_model_dir):
     assert (sampled.temperature, sampled.seed, sampled.max_tokens, sampled.repetition_penalty) == (1.0, 3, 7, 1.05)
     assert greedy.temperature == 0.0 and greedy.skip_special_tokens
     vllm_inputs = input_processor(**engine.engine_kwargs())
+    assert vllm_inputs.vllm_config.model_config.enforce_eager  # on the CPU platform (vllm_cpu_settings)
     for params in (greedy, sampled):  # vLLM validates the bias's token ids against the vocabulary here
         _processed(vllm_inputs, engine.request(_rows()[0]), params)
 

@@ -593,6 +593,8 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
       (:func:`keep_vllm_cpu_weights_live`);
     - vLLM runs the policy's dtype: left to ``dtype="auto"`` it downcasts an fp32 checkpoint (the CPU policy's) to
       bf16 and samples from a rounded copy of the policy (TRL passes no dtype; on a GPU the policy is bf16 anyway);
+    - and eager, as suzak's evaluation engine does there (:func:`vllm_cpu_settings`: the compile
+      took over half the engine's start and gained nothing a step);
     - a model with Gated DeltaNet layers (Qwen3.5) is one line: vLLM 0.24's CPU kernel for them fails on a dtype
       mismatch, and on AMX CPUs it prepacks their convolution weights where the sync cannot write.
 
@@ -619,15 +621,31 @@ def colocated_vllm_on_cpu(model: torch.nn.Module):
     dtype = next(model.parameters()).dtype
 
     def build_in_policy_dtype(*args, **kwargs):
-        kwargs.setdefault("dtype", dtype)
+        for key, value in {"dtype": dtype, **vllm_cpu_settings()}.items():
+            kwargs.setdefault(key, value)
         return build(*args, **kwargs)
 
     generation.LLM = build_in_policy_dtype
-    logger.info("vLLM on the CPU samples in the policy's dtype (%s)", dtype)
+    logger.info("vLLM on the CPU samples in the policy's dtype (%s), eager (no torch.compile at start-up)", dtype)
     try:
         yield
     finally:
         generation.LLM = build
+
+
+def vllm_cpu_settings() -> dict[str, Any]:
+    """``vllm.LLM`` settings suzak gives vLLM's CPU build (the engine of CPU machines: tests, demos); none elsewhere.
+
+    ``enforce_eager``: at start-up vLLM compiles the model with ``torch.compile``, which on the CPU took ~12 s of a
+    ~21 s engine start (tiny Qwen2.5-VL, 2 cores, 2026-11-27; the colour self-test's training run 120 s compiled,
+    104 s eager over 40 steps) and bought nothing after: the model's share of those 40 steps was 4.4 s compiled,
+    4.8 s eager, with the same held-out answers. On a GPU vLLM's compiled graphs stay (CUDA graphs pay there).
+    """
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # no vLLM (a fake module in tests): nothing to set
+        return {}
+    return {"enforce_eager": True} if current_platform.is_cpu() else {}
 
 
 def _vllm_version() -> str:

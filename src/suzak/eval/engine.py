@@ -292,7 +292,9 @@ class VLLMEngine(_BatchedEngine):
             kwargs["limit_mm_per_prompt"] = limits
         if self.max_images_per_prompt > 0:  # (a video request carries its own processor settings)
             kwargs["mm_processor_kwargs"] = {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels}
-        return kwargs | self.llm_kwargs
+        from suzak.trl_internals import vllm_cpu_settings
+
+        return kwargs | vllm_cpu_settings() | self.llm_kwargs
 
     @property
     def llm(self) -> Any:
