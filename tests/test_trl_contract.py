@@ -480,3 +480,5 @@ def test_the_fused_lm_head_asks_use_triton_whether_to_score_labelled_positions_o
     assert scored == [3 * 11, 3 * 4]
     assert torch.equal(every.log_probs, compact.log_probs) and torch.equal(every.entropy, compact.entropy)
     assert kernel._use_triton is trl_utils._use_triton.trl_use_triton  # the kernel's tiles: TRL's choice still
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # traced by torch.compile: TRL's fixed shapes
+    assert not trl_utils._use_triton(torch.device("cpu"))

@@ -569,7 +569,8 @@ def score_labelled_positions_only() -> None:
     PyTorch, nothing recompiles, and a GRPO batch's prompts are most of its positions: the forward and backward of the
     LM head on the prompt were ~40 % of a self-test prior's SFT step on the tiny model. Every labelled position gets
     the same log-probability and entropy either way (each row of the projection is its own); the other positions are
-    0 in both. GPUs (Triton) are unchanged.
+    0 in both. GPUs (Triton) are unchanged, and so is a CPU forward that torch.compile traces (``torch_compile``: there
+    TRL's fixed shapes avoid a recompile per batch).
     """
     import trl.trainer.utils as trl_utils
 
@@ -578,7 +579,7 @@ def score_labelled_positions_only() -> None:
         return
 
     def compact(device: torch.device) -> bool:
-        return device.type == "cpu" or tritons(device)
+        return (device.type == "cpu" and not torch.compiler.is_compiling()) or tritons(device)
 
     compact.compact_on_cpu = True
     compact.trl_use_triton = tritons
