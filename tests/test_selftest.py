@@ -406,4 +406,4 @@ def test_conditions_with_the_same_prior_start_from_one_copy_of_it(task, monkeypa
     shared = AutoModelForImageTextToText.from_pretrained(started["aligned"]).state_dict()
     assert shared.keys() == own.keys() and all(torch.equal(own[name], value) for name, value in shared.items())
     zoom = selftest.SelfTestConfig(task="zoom", steps=1)
-    assert selftest._shared_prior(zoom, model_dir, ("aligned", selftest.NO_TOOL), tmp_path / "zoom") is None
+    assert selftest._shared_prior(zoom, model_dir, ("aligned", selftest.NO_TOOL), tmp_path / "zoom", 1) is None

@@ -741,11 +741,14 @@ def _prior(config: SelfTestConfig, images: str, model, processor, budget: PixelB
         _answer_prior(config, model, processor, budget, output_dir)
 
 
-def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str, ...], folder: Path) -> Path | None:
-    """The conditions' common prior, trained once and saved in ``folder`` (model and processor), when they have one:
-    counting, grounding and video give the aligned run and its control the same answer prior (the same grey rows,
-    seed and steps), so each condition starts from this copy instead of training it again. None when the task has no
-    prior or its conditions' differ (zoom: the call prior with the tool, an answer prior without)."""
+def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str, ...], folder: Path,
+                  threads: int) -> Path | None:  # fmt: skip
+    """The conditions' common prior, trained once on ``threads`` threads and saved in ``folder`` (model and
+    processor), when they have one: counting, grounding and video give the aligned run and its control the same
+    answer prior (the same grey rows, seed and steps), so each condition starts from this copy instead of training it
+    again. None when the task has no prior or its conditions' differ (zoom: the call prior with the tool, an answer
+    prior without)."""
+    import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     spec = config.spec
@@ -754,7 +757,12 @@ def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     budget, video_budget = _budgets(config, processor)
-    _prior(config, " and ".join(conditions), model, processor, budget, video_budget, budget, folder)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _prior(config, " and ".join(conditions), model, processor, budget, video_budget, budget, folder)
+    finally:
+        torch.set_num_threads(before)
     model.save_pretrained(folder / "model")
     processor.save_pretrained(folder / "model")
     return folder / "model"
@@ -783,10 +791,10 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         toolset = resolve_tools(list(spec.tools), crops)
     if prior is None:
         _prior(config, images, model, processor, budget, video_budget, crops, output_dir, toolset)
-    if spec.beta and prior is None:  # TRL builds the reference model from the model's folder: the prior's policy
-        model.save_pretrained(output_dir / "prior-model")
-        processor.save_pretrained(output_dir / "prior-model")
-        model = AutoModelForImageTextToText.from_pretrained(output_dir / "prior-model")
+        if spec.beta:  # TRL builds the reference model from the model's folder: the prior's policy
+            model.save_pretrained(output_dir / "prior-model")
+            processor.save_pretrained(output_dir / "prior-model")
+            model = AutoModelForImageTextToText.from_pretrained(output_dir / "prior-model")
     logger.info("%s run: %d GRPO steps (%s task)", images, config.steps, config.task)
     train, heldout = _datasets(config, images, output_dir, factor)
     args = GRPOConfig(
@@ -871,12 +879,7 @@ def _train_conditions(config: SelfTestConfig, model_dir: Path, conditions: tuple
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     together = config.device == "cpu" and len(conditions) > 1 and cores > 1
     threads = max(1, cores // len(conditions)) if together else torch.get_num_threads()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        prior = _shared_prior(config, model_dir, conditions, tmp / "prior")
-    finally:
-        torch.set_num_threads(before)
+    prior = _shared_prior(config, model_dir, conditions, tmp / "prior", threads)
     if not together:
         return {images: _train_in_process(config, model_dir, images, tmp / images, prior) for images in conditions}
     import multiprocessing
