@@ -145,6 +145,89 @@ def test_copies_of_one_image_in_a_batch_are_resized_once(monkeypatch):
     assert fit_row_images({"image": copies[0]}, BUDGET)["image"] is not fitted[0]  # no memo: no sharing
 
 
+def _tokenizing_trainer(processor, calls: list) -> VLMGRPOTrainer:
+    """A VLMGRPOTrainer holding just what TRL's ``_tokenize_prompts`` reads, its processor counting the rows of
+    each call."""
+    render = processor.apply_chat_template
+
+    def counted(conversation, **kwargs):
+        calls.append(len(conversation))
+        return render(conversation=conversation, **kwargs)
+
+    processor.apply_chat_template = counted
+    trainer = object.__new__(VLMGRPOTrainer)
+    vars(trainer).update(_is_vlm=True, environment_factories=None, processing_class=processor, tools=None,
+                         chat_template=None, chat_template_kwargs={})  # fmt: skip
+    return trainer
+
+
+def _same_tokenized(ours, trls) -> None:
+    (ids, images, fields), (want_ids, want_images, want_fields) = ours, trls
+    assert ids == want_ids and fields.keys() == want_fields.keys()
+    for key, value in want_fields.items():
+        assert torch.equal(fields[key], value) if torch.is_tensor(value) else fields[key] == value, key
+    assert [[image.tobytes() for image in row] for row in images] == [
+        [image.tobytes() for image in row] for row in want_images
+    ]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_each_distinct_prompt_is_tokenized_once_in_trls_layout(family, tmp_path):
+    """A batch repeats each prompt num_generations times: the processor renders each distinct prompt once (copies
+    with equal pixels count as one), and the ids, images and every field (pixel values, grids, token types) are
+    TRL's own call on every row, to the bit, in the batch's order; several images to a prompt included."""
+    import copy
+
+    from transformers import AutoProcessor
+    from trl import GRPOTrainer
+    from trl.data_utils import prepare_multimodal_messages
+
+    from suzak.models.tiny import TinyConfig, build_tiny_model
+
+    processor = AutoProcessor.from_pretrained(build_tiny_model(tmp_path / family, TinyConfig.shaped(family)))
+    calls: list = []
+    trainer = _tokenizing_trainer(processor, calls)
+
+    def prompt(text, *images):
+        return prepare_multimodal_messages(build_conversation(text, len(images)), images=list(images))
+
+    a = prompt("What colour?", _image(1, (56, 56)))
+    a[0]["content"][0]["text"] = (
+        None  # as TRL's own batches hold an image part: {"type": "image", "image": ..., "text": None}
+    )
+    b = prompt("What colour?", _image(2, (84, 56)))
+    c = prompt("Which is larger?", _image(3, (56, 56)), _image(4, (56, 84)))
+    batch = [a, b, copy.deepcopy(a), c, b, copy.deepcopy(c), a]
+    ours = trainer._tokenize_each_prompt_once(batch)
+    assert calls == [3]
+    _same_tokenized(ours, GRPOTrainer._tokenize_prompts(trainer, batch))
+    assert ours[0][0] is not ours[0][2]  # each row its own ids list (TRL extends them per rollout)
+    calls.clear()
+    trainer._tokenize_each_prompt_once([a, b, c])  # nothing repeated: TRL's call as it is
+    assert calls == [3]
+
+
+def test_each_distinct_prompt_and_environment_is_tokenized_once(tmp_path, tiny_model_dir):
+    """With ``environment_factory`` TRL renders each row with its environment's tools: a prompt is the same only
+    within one environment, and the rows' environments are back as they were after the call."""
+    from transformers import AutoProcessor
+    from trl import GRPOTrainer
+    from trl.data_utils import prepare_multimodal_messages
+
+    calls: list = []
+    trainer = _tokenizing_trainer(AutoProcessor.from_pretrained(tiny_model_dir), calls)
+    environments = ["x", "y", "x", "x", "y", "x"]
+    vars(trainer).update(
+        environment_factories=[object], _batch_environments=environments, _env_tools={"x": [], "y": []}
+    )
+    a = prepare_multimodal_messages(build_conversation("What colour?"), images=[_image(1, (56, 56))])
+    b = prepare_multimodal_messages(build_conversation("What colour?"), images=[_image(2, (56, 56))])
+    batch = [a, a, a, b, b, a]
+    ours = trainer._tokenize_each_prompt_once(batch)
+    assert calls == [1] * 4 and trainer._batch_environments is environments  # (x, a), (y, a), (x, b), (y, b)
+    _same_tokenized(ours, GRPOTrainer._tokenize_prompts(trainer, batch))
+
+
 def test_grpo_steps_with_images_train_every_parameter(tiny_model_dir, tmp_path):
     check = AlignmentCheck()
     trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(), [length_reward, check], cls=TokenCountingTrainer)

@@ -482,3 +482,16 @@ def test_the_fused_lm_head_asks_use_triton_whether_to_score_labelled_positions_o
     assert kernel._use_triton is trl_utils._use_triton.trl_use_triton  # the kernel's tiles: TRL's choice still
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # traced by torch.compile: TRL's fixed shapes
     assert not trl_utils._use_triton(torch.device("cpu"))
+
+
+def test_tokenize_prompts_reads_the_rows_environments_and_returns_ids_images_and_fields():
+    """What ``GRPOHooks._tokenize_each_prompt_once`` relies on: TRL renders each row with its environment's tools
+    (``_batch_environments``, zipped with the prompts) when ``environment_factories`` is set, and returns unpadded
+    ids, the per-row images and the processor's other fields (tests/test_trainer.py checks the layout to the bit)."""
+    source = inspect.getsource(GRPOTrainer._tokenize_prompts)
+    assert "if self.environment_factories is not None:" in source
+    assert "for prompt, name in zip(prompts, self._batch_environments, strict=True):" in source
+    assert (
+        'multimodal_fields = {k: v for k, v in tokenized.items() if k not in ("input_ids", "attention_mask")}' in source
+    )
+    assert "return prompt_ids, images, multimodal_fields" in source
