@@ -3,7 +3,8 @@
     python tests/vllm_probe.py --record FILE [--frozen-lm-head] -- SUZAK_TRAIN_FLAGS...
 
 ``--record`` writes, when the run ends (also when it stops on an error), what the real engine was handed and gave
-back: the prompt ids TRL trains on (``_tokenize_prompts``), the prompt ids vLLM ran (its ``prompt_token_ids``: the
+back: the prompt ids training uses (``_tokenize_prompts`` as TRL's ``_generate`` calls it: suzak's, which tokenizes
+each distinct prompt once and lays the ids out for every row), the prompt ids vLLM ran (its ``prompt_token_ids``: the
 prompt after its own expansion of each image placeholder), every sampled completion's ids, and the sampling settings
 TRL passed (suzak's logit bias among them).
 
@@ -21,13 +22,14 @@ import sys
 
 
 def _record(path: str) -> None:
-    from trl import GRPOTrainer
     from trl.generation import vllm_generation
+
+    from suzak.trl_internals import GRPOHooks
 
     seen: dict[str, list] = {"training_prompt_ids": [], "vllm_prompt_ids": [], "completion_ids": [], "logit_bias": []}
     atexit.register(lambda: open(path, "w").write(json.dumps(seen)))
 
-    tokenize = GRPOTrainer._tokenize_prompts
+    tokenize = GRPOHooks._tokenize_prompts
     generate = vllm_generation.VLLMGeneration.generate
 
     def recorded_tokenize(self, prompts):
@@ -43,7 +45,7 @@ def _record(path: str) -> None:
         seen["logit_bias"].append({str(token): value for token, value in bias.items()})
         return (prompt_ids, completion_ids, *rest)
 
-    GRPOTrainer._tokenize_prompts = recorded_tokenize
+    GRPOHooks._tokenize_prompts = recorded_tokenize
     vllm_generation.VLLMGeneration.generate = recorded_generate
 
 
