@@ -412,13 +412,14 @@ def test_a_kept_prior_serves_the_next_run_with_the_same_key(monkeypatch, tmp_pat
     assert list((tmp_path / "priors").iterdir()) == [second]  # the whole prior under its key, no partial copy left
     weights = [AutoModelForImageTextToText.from_pretrained(path).state_dict() for path in (first, second)]
     assert all(torch.equal(weights[0][name], value) for name, value in weights[1].items())
-    assert selftest._cached_prior(dataclasses.replace(config, seed=1), model_dir, "shared") is None
-    assert selftest._cached_prior(dataclasses.replace(config, prior_cache=None), model_dir, "shared") is None
+    assert selftest._cached_prior(selftest._prior_folder(dataclasses.replace(config, seed=1), model_dir, "shared"),
+                                  "shared") is None  # fmt: skip
+    assert selftest._prior_folder(dataclasses.replace(config, prior_cache=None), model_dir, "shared") is None
     assert len({selftest._prior_key(config, model_dir, role) for role in ("shared", "aligned", selftest.NO_TOOL)}) == 3
     other = build_tiny_model(tmp_path / "other", TinyConfig.shaped("qwen2_5_vl", for_vllm=False))
-    assert selftest._cached_prior(config, other, "shared") is None
+    assert selftest._cached_prior(selftest._prior_folder(config, other, "shared"), "shared") is None
     monkeypatch.setitem(selftest.TASKS, "grounding", dataclasses.replace(selftest.TASKS["grounding"], prior_steps=3))
-    assert selftest._cached_prior(config, model_dir, "shared") is None
+    assert selftest._cached_prior(selftest._prior_folder(config, model_dir, "shared"), "shared") is None
 
 
 @pytest.mark.parametrize("task", ["counting", "grounding", "video"])

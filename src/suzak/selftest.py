@@ -768,28 +768,29 @@ def _prior_key(config: SelfTestConfig, model_dir: Path, role: str) -> str:
     return digest.hexdigest()[:20]
 
 
-def _cached_prior(config: SelfTestConfig, model_dir: Path, role: str) -> Path | None:
-    """The folder of the prior kept under this run's key in ``config.prior_cache``, if one is there."""
-    if config.prior_cache is None:
-        return None
-    folder = Path(config.prior_cache) / _prior_key(config, model_dir, role)
-    if not (folder / "config.json").is_file():
+def _prior_folder(config: SelfTestConfig, model_dir: Path, role: str) -> Path | None:
+    """Where ``config.prior_cache`` keeps this run's prior for ``role`` (its key, :func:`_prior_key`); None without
+    a cache."""
+    return None if config.prior_cache is None else Path(config.prior_cache) / _prior_key(config, model_dir, role)
+
+
+def _cached_prior(folder: Path | None, role: str) -> Path | None:
+    """``folder`` (:func:`_prior_folder`) if a prior is kept there."""
+    if folder is None or not (folder / "config.json").is_file():
         return None
     logger.info("%s prior from %s (kept by an earlier run with the same key)", role, folder)
     return folder
 
 
-def _keep_prior(config: SelfTestConfig, model_dir: Path, role: str, saved: Path) -> None:
-    """Copy the prior saved in ``saved`` (model and processor) into ``config.prior_cache`` under its key; a copy is
-    made beside it and renamed into place, so a run reading the cache sees a whole prior or none."""
+def _keep_prior(folder: Path | None, saved: Path) -> None:
+    """Copy the prior saved in ``saved`` (model and processor) to ``folder`` (:func:`_prior_folder`; None: no cache);
+    a copy is made beside it and renamed into place, so a run reading the cache sees a whole prior or none."""
     import shutil
 
-    if config.prior_cache is None:
+    if folder is None:
         return
-    cache = Path(config.prior_cache)
-    cache.mkdir(parents=True, exist_ok=True)
-    folder = cache / _prior_key(config, model_dir, role)
-    partial = cache / f"{folder.name}.partial-{os.getpid()}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / f"{folder.name}.partial-{os.getpid()}"
     shutil.copytree(saved, partial)
     try:
         partial.rename(folder)
@@ -810,9 +811,9 @@ def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str
     spec = config.spec
     if not spec.prior_steps or spec.tools:
         return None
-    cached = _cached_prior(config, model_dir, "shared")
-    if cached is not None:
-        return cached
+    kept = _prior_folder(config, model_dir, "shared")
+    if _cached_prior(kept, "shared") is not None:
+        return kept
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     budget, video_budget = _budgets(config, processor)
@@ -824,7 +825,7 @@ def _shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str
         torch.set_num_threads(before)
     model.save_pretrained(folder / "model")
     processor.save_pretrained(folder / "model")
-    _keep_prior(config, model_dir, "shared", folder / "model")
+    _keep_prior(kept, folder / "model")
     return folder / "model"
 
 
@@ -849,8 +850,9 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         prepare_tool_calling(processor, model.config.model_type)
         configure_processor(processor, budget)
         toolset = resolve_tools(list(spec.tools), crops)
-    if prior is None and spec.prior_steps:
-        prior = _cached_prior(config, model_dir, images)  # its folder is TRL's reference model, as below
+    kept = _prior_folder(config, model_dir, images) if prior is None and spec.prior_steps else None
+    if kept is not None:
+        prior = _cached_prior(kept, images)  # its folder is TRL's reference model, as below
         if prior is not None:
             model = AutoModelForImageTextToText.from_pretrained(prior)
     if prior is None:
@@ -858,7 +860,7 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
         if spec.beta or (spec.prior_steps and config.prior_cache):  # TRL builds the reference model from the
             model.save_pretrained(output_dir / "prior-model")  # model's folder: the prior's policy
             processor.save_pretrained(output_dir / "prior-model")
-            _keep_prior(config, model_dir, images, output_dir / "prior-model")
+            _keep_prior(kept, output_dir / "prior-model")
             model = AutoModelForImageTextToText.from_pretrained(output_dir / "prior-model")
     logger.info("%s run: %d GRPO steps (%s task)", images, config.steps, config.task)
     train, heldout = _datasets(config, images, output_dir, factor)
@@ -882,9 +884,9 @@ def _train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Pat
     )  # fmt: skip
     _quiet_progress(trainer)  # the table below replaces hundreds of printed log dicts
     trainer.train()
-    kept = prior is not None and config.prior_cache is not None and prior.parent == Path(config.prior_cache)
+    loaded = prior is not None and config.prior_cache is not None and prior.parent == Path(config.prior_cache)
     return (trace.rewards, *_heldout(trainer, config, list(heldout), toolset),
-            [list(gap) for gap in trainer.sampler_guard.gaps], str(prior) if kept else None)  # fmt: skip
+            [list(gap) for gap in trainer.sampler_guard.gaps], str(prior) if loaded else None)  # fmt: skip
 
 
 def _vllm_settings(config: SelfTestConfig) -> dict:

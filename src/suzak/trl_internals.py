@@ -1104,7 +1104,8 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         finally:
             if environments is not None:
                 self._batch_environments = environments
-        rows = [list(first).index(key) for key in keys]
+        position = {key: index for index, key in enumerate(first)}
+        rows = [position[key] for key in keys]
         expanded = expand_tokenized_prompts(prompt_ids, images, fields, rows)
         return expanded if expanded is not None else super()._tokenize_prompts(prompts)
 
@@ -1361,7 +1362,7 @@ def prompt_keys(prompts: list, environments: Sequence | None = None) -> list[tup
 
     from PIL import Image
 
-    keys = []
+    keys, hashed = [], {}  # a batch's copies of one prompt mostly share their (fitted) image objects: hashed once
     for row, prompt in enumerate(prompts):
         if not isinstance(prompt, list):
             return None
@@ -1385,8 +1386,9 @@ def prompt_keys(prompts: list, environments: Sequence | None = None) -> list[tup
                     parts.append(("text", part["text"]))
                 elif kind == "image" and set(part) == {"type", "image"} and isinstance(part["image"], Image.Image):
                     image = part["image"]
-                    pixels = hashlib.blake2b(image.tobytes(), digest_size=16).digest()
-                    parts.append(("image", image.mode, image.size, pixels))
+                    if id(image) not in hashed:
+                        hashed[id(image)] = hashlib.blake2b(image.tobytes(), digest_size=16).digest()
+                    parts.append(("image", image.mode, image.size, hashed[id(image)]))
                 else:
                     return None
             key.append((message.get("role"), tuple(parts)))
@@ -1407,7 +1409,7 @@ def expand_tokenized_prompts(prompt_ids: list, images: list | None, fields: dict
     out_fields: dict[str, Any] = {key: [list(value[row]) for row in rows] for key, value in per_row.items()}
     if "pixel_values" in fields:
         grids = fields.get("image_grid_thw")
-        counts = [len([image for image in row if image is not None]) if row else 0 for row in (images or [])]
+        counts = [len(row or []) for row in images or []]
         if grids is None or len(counts) != len(prompt_ids) or sum(counts) != grids.size(0):
             return None
         patches = grids.prod(-1).tolist()
