@@ -42,7 +42,8 @@ class StepStats(TrainerCallback):
 
 
 def run(args) -> dict:
-    from suzak.train import build_trainer, parse_args
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
 
     folder = make_random_model(args.shape, Path(args.model_dir) / f"qwen2.5-vl-{args.shape}-random")
     cli = [
@@ -64,7 +65,7 @@ def run(args) -> dict:
     suzak_args, grpo_args, model_args = parse_args(cli)
     grpo_args.generation_kwargs = {"min_new_tokens": args.completion}  # fixed completion length
     stats = StepStats()
-    trainer = build_trainer(suzak_args, grpo_args, model_args, callbacks=[stats])
+    trainer = grpo_trainer(suzak_args, grpo_args, model_args, callbacks=[stats])
     torch.cuda.reset_peak_memory_stats()
     trainer.train()
     completions = args.batch * torch.distributed.get_world_size() if torch.distributed.is_initialized() else args.batch

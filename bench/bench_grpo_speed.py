@@ -10,7 +10,7 @@ Both trainers run from the same recipe (recipes/smoke.yaml on the CPU, the shape
 same model, rows, rewards and GRPOConfig, and every completion has exactly ``--completion_tokens`` tokens (HF
 ``min_new_tokens``, vLLM ``min_tokens``), so the rows do the same work:
 
-- ``suzak``: ``suzak.train.build_trainer`` plus the run's CSV streams, the path ``python -m suzak.train`` takes (pixel
+- ``suzak``: ``suzak.training.build.grpo_trainer`` plus the run's CSV streams, the path ``python -m suzak.train`` takes (pixel
   budget fitting, vLLM prompt fix, pre-checks, metrics.csv and completions.csv all included);
 - ``trl``: ``trl.GRPOTrainer`` given the model, the dataset, the rewards and the config, the processor loaded by hand
   with the budget and left padding as Qwen's docs show; TRL's vLLM path as it is (image tokens expanded twice,
@@ -164,17 +164,15 @@ def plain_trl_trainer(suzak_args, grpo_args, model_args, callbacks):
     from transformers import AutoProcessor
     from trl import GRPOTrainer, get_peft_config
 
-    from suzak.models.loading import load_model_and_processor, model_budget
-    from suzak.scoring.rewards import resolve_rewards
-    from suzak.training.session import build_datasets
+    from suzak.models.loading import load_model_and_processor
+    from suzak.training.build import RunInputs, build_datasets
 
     model, _ = load_model_and_processor(model_args, grpo_args)  # the same weights, dtype and attention as suzak's
     processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, min_pixels=suzak_args.min_pixels,
                                               max_pixels=suzak_args.max_pixels, padding_side="left")  # fmt: skip
-    dataset, _ = build_datasets(suzak_args, grpo_args, model_budget(model_args, suzak_args.min_pixels,
-                                                                    suzak_args.max_pixels))  # fmt: skip
-    rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
-    return GRPOTrainer(model=model, reward_funcs=rewards, args=grpo_args, train_dataset=dataset,
+    inputs = RunInputs.read(suzak_args, model_args)  # the same rewards and rows as suzak's
+    dataset, _ = build_datasets(suzak_args, grpo_args, inputs)
+    return GRPOTrainer(model=model, reward_funcs=inputs.rewards, args=grpo_args, train_dataset=dataset,
                        processing_class=processor, peft_config=get_peft_config(model_args), callbacks=callbacks)  # fmt: skip
 
 
@@ -236,7 +234,8 @@ def measure(spec: Spec) -> dict:
     import torch
 
     from suzak.runs.streams import add_run_callbacks
-    from suzak.train import build_trainer, parse_args
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
 
     torch.manual_seed(0)
     if spec.threads:
@@ -247,7 +246,7 @@ def measure(spec: Spec) -> dict:
     grpo_args.generation_kwargs = {key: spec.completion_tokens}  # every completion exactly this long
     clock = StepClock(spec.device)
     if spec.trainer == "suzak":
-        trainer = build_trainer(suzak_args, grpo_args, model_args, callbacks=[clock.callback])
+        trainer = grpo_trainer(suzak_args, grpo_args, model_args, callbacks=[clock.callback])
         add_run_callbacks(trainer)  # metrics.csv and completions.csv, as a suzak run writes them
     else:
         trainer = plain_trl_trainer(suzak_args, grpo_args, model_args, [clock.callback])

@@ -571,7 +571,7 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget, videos: bool 
 
 def tool_loop(config: EvalConfig, engine, budget: PixelBudget) -> ToolLoop | None:
     """The tool loop ``--tools`` asks for (None without tools): the zoom's crops at ``--tool_max_pixels`` with the
-    model's patch factor, as :func:`suzak.train.build_trainer` binds them."""
+    model's patch factor, as :func:`suzak.training.build.grpo_trainer` binds them."""
     if not config.tools:
         return None
     toolset = resolve_tools(config.tools, budget.for_crops(config.tool_max_pixels), config.tool_max_visual_tokens)

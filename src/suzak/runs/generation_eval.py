@@ -75,7 +75,7 @@ class GenerationEvalCallback(TrainerCallback):
         self.figures: dict[str, float] = {}  # the last evaluation's figures beside the accuracy (tool calls per row)
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
-        # The trainer's ``log`` (set by :func:`suzak.training.session.add_first`): with it, a fresh run is also evaluated
+        # The trainer's ``log`` (set by :func:`suzak.training.build.add_first`): with it, a fresh run is also evaluated
         # before its first step.
         self.trainer_log: Callable[[dict[str, float]], None] | None = None
         self._baseline_due = False

@@ -1,8 +1,8 @@
 """A training run from recipe to published model, shared by GRPO (``suzak.train``) and SFT (``suzak.sft``).
 
-Parse the recipe, build the datasets (held-out rows for the generation eval never trained on) and the trainer,
-resume from the newest complete checkpoint when asked, start the run's records, train, save, then close the record,
-draw the plots and publish when ``push_to_hub`` is set. A run that made no optimizer step is an error
+Parse the recipe, check the checkpoint to resume from (before any weights load), build the trainer (GRPO's or SFT's,
+:mod:`suzak.training.build`: budgets, rewards, validated datasets, policy), start the run's records, train, save,
+then close the record, draw the plots and publish when ``push_to_hub`` is set. A run that made no optimizer step is an error
 (:func:`check_trained`), never exit 0. Besides checkpoints, every run writes to its output dir:
 ``recipe.yaml`` (the recipe as run, secrets masked), ``run_info.json`` (times, hardware, versions), ``train.log``
 (rank 0's console log, :mod:`suzak.runs.logfile`), ``metrics.csv`` and ``completions.csv`` (streamed,
@@ -15,7 +15,6 @@ release before the Trainer exists and cleared from the arguments it pickles into
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import sys
@@ -27,9 +26,6 @@ from suzak.runs.checkpoints import checkpoint_step, resume_checkpoint, write_fai
 from suzak.training.configs import full_argv
 
 __all__ = [
-    "add_first",
-    "build_datasets",
-    "build_eval_callback",
     "check_resume_settings",
     "check_trained",
     "main",
@@ -60,113 +56,6 @@ def resolve_resume(train_args) -> str | None:
     """The checked checkpoint ``resume_from_checkpoint`` names (``latest``/``last``: the newest complete one in
     output_dir), or None to start fresh (:func:`suzak.runs.checkpoints.resume_checkpoint`)."""
     return resume_checkpoint(train_args.resume_from_checkpoint, train_args.output_dir)
-
-
-SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic", "zoom_checks")  # row i depends on (seed, start + i) alone
-
-
-def build_datasets(suzak_args, train_args, budget):
-    """(train dataset, held-out rows or None), every row validated before step 1 against ``budget`` (the model's:
-    :func:`suzak.models.loading.model_budget`). Held-out rows are never trained on."""
-    import inspect
-
-    from suzak.data import DATASETS, build_dataset
-
-    options = dict(suzak_args.dataset_options or {})
-    options.setdefault("template", suzak_args.prompt_template)
-    dataset = validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, budget)
-    heldout = None
-    if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
-        builder = DATASETS[suzak_args.dataset_name]
-        num_rows = options.get("num_rows", inspect.signature(builder).parameters["num_rows"].default)
-        after = {**options, "num_rows": suzak_args.eval_rows, "start": options.get("start", 0) + num_rows}
-        heldout = list(build_dataset(suzak_args.dataset_name, **after))
-    elif suzak_args.eval_rows > 0:
-        count = min(suzak_args.eval_rows, len(dataset) // 2)
-        if count < suzak_args.eval_rows:
-            logger.warning("eval_rows=%d: only %d of %d rows held out", suzak_args.eval_rows, count, len(dataset))
-        heldout = list(dataset.select(range(len(dataset) - count, len(dataset))))
-        dataset = dataset.select(range(len(dataset) - count))
-    if suzak_args.max_train_rows is not None:
-        dataset = dataset.shuffle(seed=train_args.seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
-    return dataset, heldout
-
-
-def validated(dataset, suzak_args, train_args, budget):
-    """``dataset`` once every row passes :func:`suzak.training.checks.validate_rows`; else one line naming the first bad row,
-    or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
-    text-only model (a budget without a patch factor) are one line too."""
-    import json
-    import time
-
-    from suzak.scoring.rewards import gold_parser, resolve_rewards
-    from suzak.training.checks import validate_rows
-
-    image_columns = [c for c in ("image", "images", "video") if c in dataset.column_names]
-    if image_columns and budget.factor is None:
-        raise SuzakError(f"dataset {suzak_args.dataset_name} has images or video (column {image_columns[0]}) but the model has "
-                         "no vision tower: use a vision-language model, or a text dataset")  # fmt: skip
-    rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
-    parsers = {getattr(r, "__name__", type(r).__name__): p for r in rewards if (p := gold_parser(r)) is not None}
-    start = time.monotonic()
-    with train_args.main_process_first(desc="dataset validation"):  # the other ranks then read datasets' cache
-        problems = validate_rows(dataset, budget, parsers)
-    logger.info("validated %d rows (images decoded and fitted, gold answers read by %s) in %.1f s", len(dataset),
-                ", ".join(parsers) or "no reward", time.monotonic() - start)  # fmt: skip
-    if not problems:
-        return dataset
-    source, first = suzak_args.dataset_name, problems[0]
-    bad = f"{len(problems)} of {len(dataset)} rows bad"
-    if not suzak_args.skip_bad_rows:
-        raise SuzakError(f"{first.where(source)}, column {first.column}: {first.reason} ({bad}; --skip_bad_rows "
-                         "true drops them and lists each in OUTPUT_DIR/skipped_rows.jsonl)")  # fmt: skip
-    if len(problems) > suzak_args.max_bad_fraction * len(dataset):
-        raise SuzakError(f"{bad}, more than max_bad_fraction {suzak_args.max_bad_fraction:g} of them: fix the data "
-                         f"(first: {first.where(source)}, column {first.column}: {first.reason})")  # fmt: skip
-    listing = Path(train_args.output_dir) / "skipped_rows.jsonl"
-    if train_args.process_index == 0:
-        listing.parent.mkdir(parents=True, exist_ok=True)
-        listing.write_text("".join(json.dumps({"source": source, **vars(p)}) + "\n" for p in problems),
-                           encoding="utf-8")  # fmt: skip
-    logger.warning("skip_bad_rows: %s dropped (first: %s, column %s: %s); all listed in %s", bad,
-                   first.where(source), first.column, first.reason, listing)  # fmt: skip
-    dropped = {p.index for p in problems}
-    return dataset.select([i for i in range(len(dataset)) if i not in dropped])
-
-
-def build_eval_callback(suzak_args, args, heldout, processing_class, budget, toolset=None):
-    """The generation-eval callback for the held-out rows (None without them), scored by the first reward; with
-    ``toolset``, answered through the tool loop as the rollouts are."""
-    from suzak.runs.generation_eval import GenerationEvalCallback
-    from suzak.scoring.rewards import resolve_reward
-
-    if not heldout:
-        return None
-    if not args.eval_steps:
-        raise SuzakError("eval_rows needs eval_steps: how often to generate the held-out answers")
-    name = suzak_args.rewards[0]
-    scorer = resolve_reward(name, (suzak_args.reward_kwargs or {}).get(name))
-    return GenerationEvalCallback(
-        heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget,
-        video_budget=suzak_args.video_budget(),
-        batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
-        chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
-        opening_in_completion=suzak_args.opening_in_completion, toolset=toolset,
-        max_tool_calling_iterations=getattr(args, "max_tool_calling_iterations", None),
-    )  # fmt: skip
-
-
-def add_first(trainer, callback) -> None:
-    """Add ``callback`` ahead of the reporters, so values it adds to a log line reach W&B/TensorBoard; a callback
-    with a ``trainer_log`` slot (the generation eval's step-0 baseline) gets the Trainer's ``log``: transformers'
-    own, which adds the line to the log history and hands it to every callback; TRL's GRPO and SFT ``log`` would
-    also average and clear the step's training metrics, and print or save completions, none of which exist yet."""
-    from transformers import Trainer
-
-    if callback is not None:
-        trainer.callback_handler.callbacks.insert(0, callback)
-        if hasattr(callback, "trainer_log"):
-            callback.trainer_log = functools.partial(Trainer.log, trainer)
 
 
 def _start_records(trainer, argv: list[str], parsed: tuple, resume: str | None, start_step: int):
@@ -285,11 +174,12 @@ def _finish(trainer, release) -> None:
         release.publish(output_dir)
 
 
-def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
+def run(argv: list[str] | None, parse: Callable, build: Callable, command: str) -> str:
     """Parse, train, save, record, publish; returns the output dir.
 
-    ``parse(argv) -> (SuzakArguments, training config, ModelConfig)`` and ``build(suzak_args, config, model_args)
-    -> trainer`` are the trainer's own (``suzak.train``: GRPO; ``suzak.sft``: SFT).
+    ``parse(argv) -> (SuzakArguments, training config, ModelConfig)`` (:mod:`suzak.training.configs`) and
+    ``build(suzak_args, config, model_args) -> trainer`` (:mod:`suzak.training.build`) are the trainer's own, GRPO's or
+    SFT's; ``command`` is the module the user ran (``suzak.train``), named in the resume line after a stop.
     """
     from dotenv import load_dotenv
 
@@ -314,7 +204,7 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
         watch.prepare()
         watch.start()
     try:
-        _run(argv, (suzak_args, train_args, model_args), build, release, log, _module_of(build))
+        _run(argv, (suzak_args, train_args, model_args), build, release, log, command)
     except Preempted:
         if watch is not None:
             watch.stop()
@@ -339,13 +229,6 @@ def run(argv: list[str] | None, parse: Callable, build: Callable) -> str:
         if log is not None:
             log.close()
     return train_args.output_dir
-
-
-def _module_of(build: Callable) -> str:
-    """The training module ``build`` belongs to (``suzak.train``), also when it runs as ``__main__``."""
-    module = build.__module__
-    spec = getattr(sys.modules.get(module), "__spec__", None)
-    return spec.name if module == "__main__" and spec is not None else module
 
 
 def _run(argv: list[str], parsed: tuple, build: Callable, release, log, module: str) -> None:
@@ -439,7 +322,7 @@ def use_wandb_run(output_dir: str, resumed: bool) -> None:
         logger.info("W&B: resuming run %s", os.environ["WANDB_RUN_ID"])
 
 
-def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
+def main(argv: list[str] | None, parse: Callable, build: Callable, command: str) -> None:
     """A training command: logging, secrets redacted in every log line, one ``error:`` line for bad input; a run
     stopped by a signal prints its resume line and exits with :data:`suzak.runs.faults.EXIT_PREEMPTED` (75)."""
     from suzak.runs.faults import EXIT_PREEMPTED, Preempted
@@ -448,7 +331,7 @@ def main(argv: list[str] | None, parse: Callable, build: Callable) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     try:
-        run(argv, parse, build)
+        run(argv, parse, build, command)
     except Preempted as stopped:
         print(stopped, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_PREEMPTED) from None

@@ -1,0 +1,258 @@
+"""The trainer of a run, built top to bottom: GRPO's (:func:`grpo_trainer`) and SFT's (:func:`sft_trainer`).
+
+Each reads in the order a run needs its parts, every part worked out once:
+
+1. :class:`RunInputs` from the recipe and the model's config (no weights yet): the pixel and video budgets on the
+   model's patch grid, the resolved rewards, the prompt template, the model family;
+2. :func:`build_datasets`: the training set and the held-out rows, every row validated against that budget and those
+   rewards (one line naming the first bad row, before any weights load; ``skip_bad_rows`` lists and drops them);
+3. :func:`load_policy`, shared by GRPO and SFT: model and processor, the PEFT config and its targets checked, the
+   vision tower frozen when the recipe says so;
+4. the trainer, then the held-out generation eval (:func:`eval_callback`) with the budgets the trainer runs with.
+
+:mod:`suzak.training.session` runs what these return (records, resume, train, save, plots, release).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from suzak import SuzakError
+from suzak.media.video import VideoBudget
+from suzak.media.vision import PixelBudget
+
+__all__ = [
+    "SYNTHETIC_DATASETS",
+    "RunInputs",
+    "add_first",
+    "build_datasets",
+    "eval_callback",
+    "grpo_trainer",
+    "load_policy",
+    "sft_trainer",
+]
+
+logger = logging.getLogger(__name__)
+
+SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic", "zoom_checks")  # row i depends on (seed, start + i) alone
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run's trainer is built from before any weights load, each read once (:meth:`read`)."""
+
+    budget: PixelBudget  # on the model's patch grid (no factor for a text model)
+    video_budget: VideoBudget  # likewise, with the model's temporal patch
+    rewards: list[Callable]  # the recipe's rewards, resolved with their kwargs, in its order
+    template: Any  # the prompt template (its answer format)
+    family: str | None  # the model's model_type: its box frame
+
+    @classmethod
+    def read(cls, suzak_args, model_args, *, for_vllm: bool = False) -> RunInputs:
+        """The inputs of the recipe's run, from ``suzak_args`` and the model's config (one read, no weights)."""
+        from suzak.models.loading import model_config
+        from suzak.scoring.prompts import get_template
+        from suzak.scoring.rewards import resolve_rewards
+
+        config = model_config(model_args, for_vllm=for_vllm)
+        return cls(
+            budget=PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels).for_model(config),
+            video_budget=suzak_args.video_budget().for_model(config),
+            rewards=resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs),
+            template=get_template(suzak_args.prompt_template),
+            family=getattr(config, "model_type", None),
+        )
+
+    @property
+    def scorer(self) -> Callable:
+        """The held-out generation eval's score: the first reward."""
+        return self.rewards[0]
+
+
+def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
+    """The configured :class:`~suzak.training.trainer.VLMGRPOTrainer` of a GRPO recipe (``trainer_kwargs``: more
+    of its arguments, ``callbacks`` for one)."""
+    from suzak.models.tools import resolve_tools
+    from suzak.training.trainer import VLMGRPOTrainer
+    from suzak.trl_internals import DynamicSampling, SamplerGuard
+
+    inputs = RunInputs.read(suzak_args, model_args, for_vllm=grpo_args.use_vllm)
+    toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
+                            suzak_args.tool_max_visual_tokens)  # fmt: skip
+    train_dataset, heldout = build_datasets(suzak_args, grpo_args, inputs)
+    model, processing_class, peft_config = load_policy(suzak_args, grpo_args, model_args)
+    sampling = None
+    if suzak_args.dynamic_sampling:
+        sampling = DynamicSampling(suzak_args.dynamic_sampling_min_std, suzak_args.dynamic_sampling_max_rounds)
+    trainer = VLMGRPOTrainer(
+        model=model,
+        reward_funcs=inputs.rewards,
+        args=grpo_args,
+        train_dataset=train_dataset,
+        processing_class=processing_class,
+        peft_config=peft_config,
+        pixel_budget=inputs.budget,
+        video_budget=inputs.video_budget,
+        answer_format=inputs.template.answer_format if suzak_args.preflight_rows > 0 else None,
+        preflight_rows=suzak_args.preflight_rows,
+        sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
+        opening_in_completion=suzak_args.opening_in_completion,
+        dynamic_sampling=sampling,
+        **toolset.trainer_kwargs(),
+        **trainer_kwargs,
+    )
+    add_first(trainer, eval_callback(suzak_args, grpo_args, heldout, inputs.scorer, trainer.processing_class,
+                                     trainer.pixel_budget, trainer.video_budget, toolset))  # fmt: skip
+    return trainer
+
+
+def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
+    """TRL's ``SFTTrainer`` for an SFT recipe (with suzak's atomic checkpoints: :class:`suzak.trl_internals.SFTHooks`):
+    targets in the template's answer format (:func:`suzak.data.targets.to_sft_dataset`), images fitted to the budget,
+    completion-only loss."""
+    from suzak.data.targets import to_sft_dataset
+    from suzak.media.vision import configure_processor, fit_row_images, image_columns
+    from suzak.trl_internals import SFTHooks
+
+    inputs = RunInputs.read(suzak_args, model_args)
+    dataset, heldout = build_datasets(suzak_args, sft_args, inputs)
+    dataset = to_sft_dataset(dataset, inputs.template.answer_format, inputs.family, inputs.budget)
+    if image_columns(dataset.column_names):
+        dataset = dataset.map(lambda row: fit_row_images(row, inputs.budget), desc="fit images")
+    sft_args.completion_only_loss = True
+    model, processing_class, peft_config = load_policy(suzak_args, sft_args, model_args)
+    configure_processor(processing_class, inputs.budget)  # the loader checked that processor and config agree
+    trainer = SFTHooks(
+        model=model,
+        args=sft_args,
+        train_dataset=dataset,
+        processing_class=processing_class,
+        peft_config=peft_config,
+        **trainer_kwargs,
+    )
+    add_first(trainer, eval_callback(suzak_args, sft_args, heldout, inputs.scorer, processing_class, inputs.budget,
+                                     inputs.video_budget))  # fmt: skip
+    return trainer
+
+
+def load_policy(suzak_args, train_args, model_args):
+    """(model, processing_class, peft_config) for GRPO and SFT alike: the model loaded as the recipe says
+    (:func:`suzak.models.loading.load_model_and_processor`), a LoRA target that matches nothing stopped here
+    (:func:`suzak.models.lora_targets.check_lora_targets`), the vision tower frozen when ``freeze_vision_tower``."""
+    from trl import get_peft_config
+
+    from suzak.models.loading import freeze_vision_tower, load_model_and_processor
+    from suzak.models.lora_targets import check_lora_targets
+
+    model, processing_class = load_model_and_processor(
+        model_args, train_args, quantize_vision_tower=suzak_args.quantize_vision_tower
+    )
+    peft_config = get_peft_config(model_args)
+    check_lora_targets(model, peft_config)
+    if suzak_args.freeze_vision_tower:
+        freeze_vision_tower(model)
+    return model, processing_class, peft_config
+
+
+def build_datasets(suzak_args, train_args, inputs: RunInputs):
+    """(train dataset, held-out rows or None), every row validated before step 1 against ``inputs``' budget and
+    rewards. Held-out rows are never trained on."""
+    from suzak.data import DATASETS, build_dataset
+
+    options = dict(suzak_args.dataset_options or {})
+    options.setdefault("template", suzak_args.prompt_template)
+    dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs)
+    heldout = None
+    if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
+        builder = DATASETS[suzak_args.dataset_name]
+        num_rows = options.get("num_rows", inspect.signature(builder).parameters["num_rows"].default)
+        after = {**options, "num_rows": suzak_args.eval_rows, "start": options.get("start", 0) + num_rows}
+        heldout = list(build_dataset(suzak_args.dataset_name, **after))
+    elif suzak_args.eval_rows > 0:
+        count = min(suzak_args.eval_rows, len(dataset) // 2)
+        if count < suzak_args.eval_rows:
+            logger.warning("eval_rows=%d: only %d of %d rows held out", suzak_args.eval_rows, count, len(dataset))
+        heldout = list(dataset.select(range(len(dataset) - count, len(dataset))))
+        dataset = dataset.select(range(len(dataset) - count))
+    if suzak_args.max_train_rows is not None:
+        dataset = dataset.shuffle(seed=train_args.seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
+    return dataset, heldout
+
+
+def _validated(dataset, suzak_args, train_args, inputs: RunInputs):
+    """``dataset`` once every row passes :func:`suzak.training.checks.validate_rows`; else one line naming the first bad row,
+    or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
+    text-only model (a budget without a patch factor) are one line too."""
+    from suzak.scoring.rewards import gold_parser
+    from suzak.training.checks import validate_rows
+
+    image_columns = [c for c in ("image", "images", "video") if c in dataset.column_names]
+    if image_columns and inputs.budget.factor is None:
+        raise SuzakError(f"dataset {suzak_args.dataset_name} has images or video (column {image_columns[0]}) but the model has "
+                         "no vision tower: use a vision-language model, or a text dataset")  # fmt: skip
+    parsers = {getattr(r, "__name__", type(r).__name__): p for r in inputs.rewards if (p := gold_parser(r)) is not None}
+    start = time.monotonic()
+    with train_args.main_process_first(desc="dataset validation"):  # the other ranks then read datasets' cache
+        problems = validate_rows(dataset, inputs.budget, parsers)
+    logger.info("validated %d rows (images decoded and fitted, gold answers read by %s) in %.1f s", len(dataset),
+                ", ".join(parsers) or "no reward", time.monotonic() - start)  # fmt: skip
+    if not problems:
+        return dataset
+    source, first = suzak_args.dataset_name, problems[0]
+    bad = f"{len(problems)} of {len(dataset)} rows bad"
+    if not suzak_args.skip_bad_rows:
+        raise SuzakError(f"{first.where(source)}, column {first.column}: {first.reason} ({bad}; --skip_bad_rows "
+                         "true drops them and lists each in OUTPUT_DIR/skipped_rows.jsonl)")  # fmt: skip
+    if len(problems) > suzak_args.max_bad_fraction * len(dataset):
+        raise SuzakError(f"{bad}, more than max_bad_fraction {suzak_args.max_bad_fraction:g} of them: fix the data "
+                         f"(first: {first.where(source)}, column {first.column}: {first.reason})")  # fmt: skip
+    listing = Path(train_args.output_dir) / "skipped_rows.jsonl"
+    if train_args.process_index == 0:
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        listing.write_text("".join(json.dumps({"source": source, **vars(p)}) + "\n" for p in problems),
+                           encoding="utf-8")  # fmt: skip
+    logger.warning("skip_bad_rows: %s dropped (first: %s, column %s: %s); all listed in %s", bad,
+                   first.where(source), first.column, first.reason, listing)  # fmt: skip
+    dropped = {p.index for p in problems}
+    return dataset.select([i for i in range(len(dataset)) if i not in dropped])
+
+
+def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class, budget: PixelBudget,
+                  video_budget: VideoBudget, toolset=None):  # fmt: skip
+    """The generation-eval callback for the held-out rows (None without them), scored by ``scorer`` (the first
+    reward) with the budgets the trainer runs with; with ``toolset``, answered through the tool loop as the rollouts
+    are."""
+    from suzak.runs.generation_eval import GenerationEvalCallback
+
+    if not heldout:
+        return None
+    if not args.eval_steps:
+        raise SuzakError("eval_rows needs eval_steps: how often to generate the held-out answers")
+    return GenerationEvalCallback(
+        heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget, video_budget=video_budget,
+        batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
+        chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
+        opening_in_completion=suzak_args.opening_in_completion, toolset=toolset,
+        max_tool_calling_iterations=getattr(args, "max_tool_calling_iterations", None),
+    )  # fmt: skip
+
+
+def add_first(trainer, callback) -> None:
+    """Add ``callback`` ahead of the reporters, so values it adds to a log line reach W&B/TensorBoard; a callback
+    with a ``trainer_log`` slot (the generation eval's step-0 baseline) gets the Trainer's ``log``: transformers'
+    own, which adds the line to the log history and hands it to every callback; TRL's GRPO and SFT ``log`` would
+    also average and clear the step's training metrics, and print or save completions, none of which exist yet."""
+    from transformers import Trainer
+
+    if callback is not None:
+        trainer.callback_handler.callbacks.insert(0, callback)
+        if hasattr(callback, "trainer_log"):
+            callback.trainer_log = functools.partial(Trainer.log, trainer)
