@@ -191,12 +191,14 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs):
     """``dataset`` once every row passes :func:`suzak.training.checks.validate_rows`; else one line naming the first bad row,
     or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
     text-only model (a budget without a patch factor) are one line too."""
+    from suzak.media.video import VIDEO_COLUMN
+    from suzak.media.vision import image_columns
     from suzak.scoring.rewards import gold_parser
     from suzak.training.checks import validate_rows
 
-    image_columns = [c for c in ("image", "images", "video") if c in dataset.column_names]
-    if image_columns and inputs.budget.factor is None:
-        raise SuzakError(f"dataset {suzak_args.dataset_name} has images or video (column {image_columns[0]}) but the model has "
+    media = image_columns(dataset.column_names) + [c for c in [VIDEO_COLUMN] if c in dataset.column_names]
+    if media and inputs.budget.factor is None:
+        raise SuzakError(f"dataset {suzak_args.dataset_name} has images or video (column {media[0]}) but the model has "
                          "no vision tower: use a vision-language model, or a text dataset")  # fmt: skip
     parsers = {getattr(r, "__name__", type(r).__name__): p for r in inputs.rewards if (p := gold_parser(r)) is not None}
     start = time.monotonic()

@@ -329,15 +329,15 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
 
 def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict, image_columns: list[str]) -> dict:
     problem = {"index": index, "line": row.get("line"), "column": "", "reason": "", "image_file": None}
-    video = row.get("video")
+    video = row.get(VIDEO_COLUMN)
     if video is not None or not image_columns:  # a video row (in a video dataset, or one mixing image and video rows)
         file = video if isinstance(video, str) else None
         if any(row[column] not in (None, []) for column in image_columns):
-            return problem | {"column": "video", "image_file": file,
+            return problem | {"column": VIDEO_COLUMN, "image_file": file,
                               "reason": "the row holds images and a video: suzak trains on rows with one or the other"}  # fmt: skip
-        reason = video_problem(video) if "video" in row else ""
+        reason = video_problem(video) if VIDEO_COLUMN in row else ""
         if reason:
-            return problem | {"column": "video", "reason": reason, "image_file": file}
+            return problem | {"column": VIDEO_COLUMN, "reason": reason, "image_file": file}
     sizes: list[tuple[int, int]] = []
     if video is None and image_columns:  # an image row
         for column in image_columns:
