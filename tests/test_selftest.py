@@ -270,13 +270,32 @@ def test_conditions_with_vllm_meet_on_ports_of_their_own(monkeypatch):
     from suzak import selftest
 
     ports = selftest._free_ports(2)
-    assert len(set(ports)) == 2 and all(1024 <= port <= 65535 for port in ports)
+    assert len(set(ports)) == 2 and all(selftest.PORTS_FROM <= port < selftest._ephemeral_start() for port in ports)
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setattr(selftest, "_train", lambda *args: (os.environ["MASTER_PORT"], args))
     assert selftest._train_on_port(ports[1], "config", "model", "shuffled") == (str(ports[1]), ("config", "model",
                                                                                                 "shuffled"))  # fmt: skip
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert selftest._train_on_port(None, "config")[0] == "29500"  # HF generation: no group, the environment as is
+
+
+def test_the_conditions_ports_skip_a_taken_one_and_stay_out_of_the_ephemeral_range(monkeypatch):
+    """A port another socket holds is passed over; ports come from below the kernel's ephemeral range, where no
+    outgoing connection is handed one in the minute before vLLM's group binds it (the EADDRINUSE of a CI run)."""
+    import random
+    import socket
+
+    from suzak import selftest
+
+    free = selftest._free_ports(3)  # free a moment ago
+    taken = socket.socket()
+    taken.bind(("", free[0]))
+    try:
+        monkeypatch.setattr(random.Random, "sample", lambda self, population, k: (free * k)[:k])
+        assert selftest._free_ports(2) == free[1:]
+    finally:
+        taken.close()
+    assert selftest._ephemeral_start() == int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
 
 @pytest.mark.slow

@@ -911,18 +911,47 @@ def _train_in_process(config: SelfTestConfig, model_dir: Path, images: str, outp
         return pool.submit(_train, config, model_dir, images, output_dir, prior).result()
 
 
+PORTS_FROM = 30000  # the self-test's rendezvous ports are drawn from here up to the kernel's ephemeral range
+
+
 def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports, held together while the OS picks them."""
+    """``count`` distinct free TCP ports, held together while they are checked, drawn at random below the kernel's
+    ephemeral range: a port from that range (what binding port 0 gives) may go to any outgoing connection in the
+    minute before a condition's process binds it, and did (EADDRINUSE in a CI run, vLLM's and the other pytest
+    worker's sockets on the same host); below it only an explicit bind takes a port."""
+    import random
     import socket
 
-    sockets = [socket.socket() for _ in range(count)]
+    end = _ephemeral_start()
+    if end - PORTS_FROM < 16 * count:  # a kernel that hands out (almost) every port: its own choice
+        candidates = [0] * count
+    else:
+        candidates = random.Random().sample(range(PORTS_FROM, end), 16 * count)
+    sockets: list = []
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        for port in candidates:
+            sock = socket.socket()
+            try:
+                sock.bind(("", port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+            if len(sockets) == count:
+                return [sock.getsockname()[1] for sock in sockets]
+        raise SuzakError(f"no {count} free TCP ports between {PORTS_FROM} and {end} for the conditions' vLLM groups")
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _ephemeral_start(default: int = 32768) -> int:
+    """The first port of the kernel's ephemeral range (Linux: ``ip_local_port_range``; else IANA's 49152 or
+    Linux's default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
 
 
 def _train_on_port(port: int | None, *args):
