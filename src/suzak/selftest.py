@@ -946,8 +946,8 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _ephemeral_start(default: int = 32768) -> int:
-    """The first port of the kernel's ephemeral range (Linux: ``ip_local_port_range``; else IANA's 49152 or
-    Linux's default)."""
+    """The first port of the kernel's ephemeral range (Linux: ``ip_local_port_range``); ``default`` (Linux's) where
+    it cannot be read."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
