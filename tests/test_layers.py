@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runs", ("suzak.runs.*",)),
     ("release", ("suzak.release.*",)),
     ("training", ("suzak.training.*",)),
-    ("commands", ("suzak.train", "suzak.sft", "suzak.selftest", "suzak.watch", "suzak.__main__")),
+    ("commands", ("suzak.train", "suzak.sft", "suzak.selftest.*", "suzak.watch", "suzak.__main__")),
 ]  # fmt: skip
 
 

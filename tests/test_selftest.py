@@ -117,7 +117,9 @@ def test_video_answer_prior_teaches_colour_words_and_nothing_about_the_frames(ti
     from suzak.eval.engine import HFEngine
     from suzak.media.video import VideoBudget
     from suzak.media.vision import PixelBudget
-    from suzak.selftest import _answer_ids, _video_answer_prior, video_dataset
+    from suzak.selftest.color import answer_ids as _answer_ids
+    from suzak.selftest.video import answer_prior as _video_answer_prior
+    from suzak.selftest.video import video_dataset
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
@@ -250,7 +252,8 @@ def test_vllm_selftest_needs_vllm_and_configures_colocate(tmp_path):
 
     from trl import GRPOConfig
 
-    from suzak.selftest import SelfTestConfig, _vllm_settings
+    from suzak.selftest import SelfTestConfig
+    from suzak.selftest.runner import vllm_settings as _vllm_settings
 
     if importlib.util.find_spec("vllm") is None:
         result = subprocess.run([sys.executable, "-m", "suzak.selftest", "--vllm"], capture_output=True, text=True,
@@ -267,16 +270,16 @@ def test_conditions_with_vllm_meet_on_ports_of_their_own(monkeypatch):
     """Two conditions with vLLM train at once on the CPU, each with its own colocated engine: TRL's choice of a
     rendezvous port (the first free of 29500, ...) made by both at the same moment gave both 29500 (EADDRINUSE), so
     each gets a distinct free port from the caller, also over a MASTER_PORT already in the environment."""
-    from suzak import selftest
+    from suzak.selftest import runner
 
-    ports = selftest._free_ports(2)
-    assert len(set(ports)) == 2 and all(selftest.PORTS_FROM <= port < selftest._ephemeral_start() for port in ports)
+    ports = runner.free_ports(2)
+    assert len(set(ports)) == 2 and all(runner.PORTS_FROM <= port < runner.ephemeral_start() for port in ports)
     monkeypatch.setenv("MASTER_PORT", "29500")
-    monkeypatch.setattr(selftest, "_train", lambda *args: (os.environ["MASTER_PORT"], args))
-    assert selftest._train_on_port(ports[1], "config", "model", "shuffled") == (str(ports[1]), ("config", "model",
+    monkeypatch.setattr(runner, "train", lambda *args: (os.environ["MASTER_PORT"], args))
+    assert runner.train_on_port(ports[1], "config", "model", "shuffled") == (str(ports[1]), ("config", "model",
                                                                                                 "shuffled"))  # fmt: skip
     monkeypatch.setenv("MASTER_PORT", "29500")
-    assert selftest._train_on_port(None, "config")[0] == "29500"  # HF generation: no group, the environment as is
+    assert runner.train_on_port(None, "config")[0] == "29500"  # HF generation: no group, the environment as is
 
 
 def test_the_conditions_ports_skip_a_taken_one_and_stay_out_of_the_ephemeral_range(monkeypatch):
@@ -285,17 +288,17 @@ def test_the_conditions_ports_skip_a_taken_one_and_stay_out_of_the_ephemeral_ran
     import random
     import socket
 
-    from suzak import selftest
+    from suzak.selftest import runner
 
-    free = selftest._free_ports(3)  # free a moment ago
+    free = runner.free_ports(3)  # free a moment ago
     taken = socket.socket()
     taken.bind(("", free[0]))
     try:
         monkeypatch.setattr(random.Random, "sample", lambda self, population, k: (free * k)[:k])
-        assert selftest._free_ports(2) == free[1:]
+        assert runner.free_ports(2) == free[1:]
     finally:
         taken.close()
-    assert selftest._ephemeral_start() == int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert runner.ephemeral_start() == int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
 
 @pytest.mark.slow
@@ -339,16 +342,17 @@ def test_zoom_selftest_runs_each_condition_end_to_end(monkeypatch, tmp_path):
 
     import suzak.selftest as selftest
     from suzak.eval.tool_loop import ToolLoop
+    from suzak.selftest import priors, zoom
 
     monkeypatch.setitem(selftest.TASKS, "zoom", dataclasses.replace(selftest.TASKS["zoom"], prior_steps=2))
-    monkeypatch.setattr(selftest, "ZOOM_PRIOR_ROWS", 16)
+    monkeypatch.setattr(zoom, "PRIOR_ROWS", 16)
     looped = []
     generate = ToolLoop.generate
     monkeypatch.setattr(
         ToolLoop, "generate", lambda self, rows, **kw: looped.append(list(rows)) or generate(self, rows, **kw)
     )
-    trained, prior = [], selftest._prior
-    monkeypatch.setattr(selftest, "_prior", lambda *args: trained.append(args[1]) or prior(*args))
+    trained, prior = [], priors.train_prior
+    monkeypatch.setattr(priors, "train_prior", lambda *args: trained.append(args[1]) or prior(*args))
     config = selftest.SelfTestConfig(task="zoom", steps=1, rows=8, heldout_rows=4, prompts_per_step=2, generations=2,
                                      prior_cache=str(tmp_path / "priors"))  # fmt: skip
     for condition in ("aligned", selftest.NO_TOOL):  # one condition a call: in this process
@@ -372,7 +376,8 @@ def test_grounding_selftest_scores_boxes_in_the_models_frame():
     pixels shown at one 28-pixel token): the right cell written in resized pixels scores 1, in original pixels 0."""
     from suzak.media.boxes import with_box_frame
     from suzak.media.vision import PixelBudget
-    from suzak.selftest import SelfTestConfig, _score, grounding_dataset
+    from suzak.selftest import SelfTestConfig, grounding_dataset
+    from suzak.selftest.grounding import score as _score
 
     config = SelfTestConfig(task="grounding")
     row = next(iter(grounding_dataset(1, seed=0, size=112)))
@@ -418,27 +423,28 @@ def test_a_kept_prior_serves_the_next_run_with_the_same_key(monkeypatch, tmp_pat
 
     import suzak.selftest as selftest
     from suzak.models.tiny import TinyConfig, build_tiny_model
+    from suzak.selftest import priors
 
     monkeypatch.setitem(selftest.TASKS, "grounding", dataclasses.replace(selftest.TASKS["grounding"], prior_steps=2))
     config = selftest.SelfTestConfig(task="grounding", steps=1, prior_cache=str(tmp_path / "priors"))
     model_dir = build_tiny_model(tmp_path / "model", TinyConfig.shaped("qwen2_5_vl", for_vllm=True))
-    trained, prior = [], selftest._prior
-    monkeypatch.setattr(selftest, "_prior", lambda *args: trained.append(args[1]) or prior(*args))
+    trained, prior = [], priors.train_prior
+    monkeypatch.setattr(priors, "train_prior", lambda *args: trained.append(args[1]) or prior(*args))
     conditions = ("aligned", "shuffled")
-    first = selftest._shared_prior(config, model_dir, conditions, tmp_path / "one", 1)
-    second = selftest._shared_prior(config, model_dir, conditions, tmp_path / "two", 1)
+    first = priors.shared_prior(config, model_dir, conditions, tmp_path / "one", 1)
+    second = priors.shared_prior(config, model_dir, conditions, tmp_path / "two", 1)
     assert trained == ["aligned and shuffled"] and first == tmp_path / "one" / "model"
     assert list((tmp_path / "priors").iterdir()) == [second]  # the whole prior under its key, no partial copy left
     weights = [AutoModelForImageTextToText.from_pretrained(path).state_dict() for path in (first, second)]
     assert all(torch.equal(weights[0][name], value) for name, value in weights[1].items())
-    assert selftest._cached_prior(selftest._prior_folder(dataclasses.replace(config, seed=1), model_dir, "shared"),
+    assert priors.cached_prior(priors.prior_folder(dataclasses.replace(config, seed=1), model_dir, "shared"),
                                   "shared") is None  # fmt: skip
-    assert selftest._prior_folder(dataclasses.replace(config, prior_cache=None), model_dir, "shared") is None
-    assert len({selftest._prior_key(config, model_dir, role) for role in ("shared", "aligned", selftest.NO_TOOL)}) == 3
+    assert priors.prior_folder(dataclasses.replace(config, prior_cache=None), model_dir, "shared") is None
+    assert len({priors.prior_key(config, model_dir, role) for role in ("shared", "aligned", selftest.NO_TOOL)}) == 3
     other = build_tiny_model(tmp_path / "other", TinyConfig.shaped("qwen2_5_vl", for_vllm=False))
-    assert selftest._cached_prior(selftest._prior_folder(config, other, "shared"), "shared") is None
+    assert priors.cached_prior(priors.prior_folder(config, other, "shared"), "shared") is None
     monkeypatch.setitem(selftest.TASKS, "grounding", dataclasses.replace(selftest.TASKS["grounding"], prior_steps=3))
-    assert selftest._cached_prior(selftest._prior_folder(config, model_dir, "shared"), "shared") is None
+    assert priors.cached_prior(priors.prior_folder(config, model_dir, "shared"), "shared") is None
 
 
 @pytest.mark.parametrize("task", ["counting", "grounding", "video"])
@@ -453,27 +459,28 @@ def test_conditions_with_the_same_prior_start_from_one_copy_of_it(task, monkeypa
 
     import suzak.selftest as selftest
     from suzak.models.tiny import TinyConfig, build_tiny_model
+    from suzak.selftest import priors, runner
 
     monkeypatch.setitem(selftest.TASKS, task, dataclasses.replace(selftest.TASKS[task], prior_steps=2))
     config = selftest.SelfTestConfig(task=task, steps=1)
     model_dir = build_tiny_model(tmp_path / "model", TinyConfig.shaped("qwen2_5_vl", for_vllm=config.spec.vllm_shape))
-    trained, started, prior = [], {}, selftest._prior
-    monkeypatch.setattr(selftest, "_prior", lambda *args: trained.append(args[1]) or prior(*args))
+    trained, started, prior = [], {}, priors.train_prior
+    monkeypatch.setattr(priors, "train_prior", lambda *args: trained.append(args[1]) or prior(*args))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one core: the conditions run here, in turn
-    monkeypatch.setattr(selftest, "_train_in_process",
+    monkeypatch.setattr(runner, "train_in_process",
                         lambda config, model_dir, images, output_dir, prior=None: started.setdefault(images, prior))  # fmt: skip
-    selftest._train_conditions(config, model_dir, ("aligned", "shuffled"), tmp_path / "run")
+    runner.train_conditions(config, model_dir, ("aligned", "shuffled"), tmp_path / "run")
     assert trained == ["aligned and shuffled"]
     assert started["aligned"] == started["shuffled"] == tmp_path / "run" / "prior" / "model"
 
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     initial = {name: value.clone() for name, value in model.state_dict().items()}
-    budget, video_budget = selftest._budgets(config, processor)
+    budget, video_budget = config.budgets(processor)
     prior(config, "aligned", model, processor, budget, video_budget, budget, tmp_path / "own")
     own = model.state_dict()
     assert any(not torch.equal(own[name], value) for name, value in initial.items())  # the prior trained
     shared = AutoModelForImageTextToText.from_pretrained(started["aligned"]).state_dict()
     assert shared.keys() == own.keys() and all(torch.equal(own[name], value) for name, value in shared.items())
     zoom = selftest.SelfTestConfig(task="zoom", steps=1)
-    assert selftest._shared_prior(zoom, model_dir, ("aligned", selftest.NO_TOOL), tmp_path / "zoom", 1) is None
+    assert priors.shared_prior(zoom, model_dir, ("aligned", selftest.NO_TOOL), tmp_path / "zoom", 1) is None

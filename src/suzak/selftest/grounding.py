@@ -1,0 +1,93 @@
+"""``--task grounding``: "the green square" (:func:`suzak.data.grounding.grounding_shapes` on a 2x2 grid, one shape
+filling one cell), the answer a box in the family's own frame (Qwen2.5-VL: pixels of the resized image; Qwen2/3-VL and
+Qwen3.5: 0-1000). The images are drawn 4x larger than the one visual token the budget allows (112x112 pixels shown as
+28x28), so every box goes through the resize: a wrong frame scores 0. Trained on the registry's ``rec_accuracy`` at
+IoU >= 0.75 and ``box_format``; the figure is the mean ``iou`` (logged at weight 0). A continuous IoU reward pays the
+whole-image box 0.25 whatever the image, as much as a guess of one cell, and GRPO settles there; IoU >= 0.5 pays a
+two-cell box half the time; at 0.75 only the right cell scores."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from suzak.selftest.priors import sft_prior
+from suzak.selftest.spec import TaskSpec, register
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from suzak.selftest.config import SelfTestConfig
+
+__all__ = ["GRID", "SPEC", "THRESHOLD", "grounding_dataset"]
+
+logger = logging.getLogger(__name__)
+
+GRID = 2  # cells per side of the task's images
+THRESHOLD = 0.75  # rec_accuracy's IoU threshold (the module's docstring)
+
+# One visual token (2x2 patches), the shape in one of its four patches: the merger's concatenation keeps which patch,
+# so the position is the token's content. Measured (docs/selftest.md): the prior (200 SFT steps at 3e-3 on a grey
+# image, boxes spread over the four cells) leaves the policy at chance (0.25). Without a KL term GRPO drifts onto one
+# box per question before the pixels' signal grows (a group that always answers alike has no gradient left: seeds 0
+# and 1 stayed at chance); beta 0.3 to the prior keeps it exploring and aligned climbs from step ~70.
+SPEC = register("grounding", __name__, TaskSpec(120, 1e-3, (1, 1), 40, 0.25, 0.5, (0.0, 0.4), prior_steps=200, prior_lr=3e-3, image_scale=4, beta=0.3,
+                vllm_shape=True, heldout_pass_at=0.5, heldout_control_below=0.4))  # fmt: skip
+
+
+def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: int | None = None, start: int = 0):
+    """Rows {prompt, image, solution}: a ``size``-pixel square image of 2x2 cells, one shape filling one of them,
+    "the <colour> <shape>" and its box in the image's pixels (:func:`suzak.data.grounding.grounding_shapes`);
+    ``shuffled`` permutes the images across rows (questions and boxes kept), ``grey`` shows every row one grey image.
+    """
+    import datasets
+    from PIL import Image
+
+    from suzak.data.grounding import grounding_shapes
+
+    if images not in ("aligned", "shuffled", "grey"):
+        raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
+    size = size or SPEC.drawn_size()[0]
+    dataset = grounding_shapes(num_rows, seed=seed, start=start, grid=GRID, width=size, height=size,
+                               distractors=(0, 0), images="aligned" if images == "grey" else images)  # fmt: skip
+    dataset = dataset.select_columns(["prompt", "image", "solution"])
+    if images != "grey":
+        return dataset
+    grey = Image.new("RGB", (size, size), (128, 128, 128))
+    return datasets.Dataset.from_list([row | {"image": grey} for row in dataset])
+
+
+def datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
+    side = SPEC.drawn_size(factor)[0]
+    return (grounding_dataset(config.rows, config.seed, images, side),
+            grounding_dataset(config.heldout_rows, config.seed, "aligned", side, start=config.rows))  # fmt: skip
+
+
+def rewards(config: SelfTestConfig, tokenizer) -> tuple[list, list[float] | None, str]:
+    """The registry's box rewards; the mean IoU logged at weight 0 is the figure (the module's docstring)."""
+    from suzak.scoring.rewards import resolve_reward
+
+    funcs = [resolve_reward("rec_accuracy", {"threshold": THRESHOLD}), resolve_reward("box_format"),
+             resolve_reward("iou")]  # fmt: skip
+    return funcs, [1.0, 0.5, 0.0], "rewards/iou/mean"
+
+
+def score(config: SelfTestConfig, outputs: list[str], rows: list[dict]) -> list[float]:
+    """IoU in the family's frame (the held-out rows carry their box frame: :func:`suzak.selftest.runner.heldout`)."""
+    from suzak.scoring.rewards import iou
+
+    return iou(outputs, [row["solution"] for row in rows], [row["box_frame"] for row in rows])
+
+
+def prior(config, condition, model, processor, budget, video_budget, crops, output_dir) -> None:
+    """A grey image, the question and a box spread evenly over the four cells, in the family's frame and answer form
+    (:func:`suzak.media.boxes.model_answer`): a pretrained model's habit of answering with a box, and nothing about
+    where the shape is."""
+    from suzak.media.boxes import model_answer, with_box_frame
+
+    logger.info("%s run: answer prior (%d SFT steps on a grey image)", condition, config.spec.prior_steps)
+    side = SPEC.drawn_size(budget.factor)[0]
+    grey = grounding_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", side)
+    rows = [{"prompt": row["prompt"], "image": row["image"], "completion": [{"role": "assistant", "content":
+             model_answer(with_box_frame(row, model.config.model_type, budget))}]} for row in grey]  # fmt: skip
+    sft_prior(config, rows, model, processor, budget, output_dir)
