@@ -14,6 +14,8 @@ from scipy import ndimage
 
 from suzak.data.clevr import (
     BORDER_MARGIN,
+    CELL_FILL,
+    CELL_JITTER,
     COGENT,
     COLORS,
     MATERIALS,
@@ -27,6 +29,7 @@ from suzak.data.clevr import (
     describe_scene,
     generate_rows,
     render_scene,
+    sample_cell_scene,
     sample_question,
     sample_scene,
     scene_rng,
@@ -227,6 +230,39 @@ def test_sizes_restrict_and_zoom_scales_objects():
     assert default == sample_scene(scene_rng(5, 0), sizes=tuple(SIZES), zoom=1.0)
     rows = _rows(3, seed=5, min_objects=1, max_objects=3, width=112, height=84, sizes=["large"], zoom=2.0)
     assert all(o["size"] == "large" for r in rows for o in json.loads(r["scene"])["objects"])
+
+
+def test_cell_scenes_put_one_whole_object_in_each_chosen_cell():
+    """``cells``: every object in its own cell (a visual token's square), crossing its edge by at most the jitter's
+    excess (0.03 of a side: under a pixel at 28); the count over the whole range; one blob per object in the
+    picture."""
+    scenes = [
+        sample_cell_scene(scene_rng(3, i), cells=(2, 2), cell=28, min_objects=1, max_objects=3) for i in range(60)
+    ]
+    assert {len(s.objects) for s in scenes} == {1, 2, 3} and all((s.width, s.height) == (56, 56) for s in scenes)
+    for scene in scenes:
+        cells = [(int(o.x // 28), int(o.y // 28)) for o in scene.objects]
+        assert len(set(cells)) == len(cells)
+        spill = (CELL_FILL + CELL_JITTER - 0.5) * 28 + 1e-9
+        for o, (column, row) in zip(scene.objects, cells, strict=True):
+            assert o.size == "large" and o.radius == CELL_FILL * 28
+            assert column * 28 - spill <= o.x - o.radius and o.x + o.radius <= (column + 1) * 28 + spill
+            assert row * 28 - spill <= o.y - o.radius and o.y + o.radius <= (row + 1) * 28 + spill
+        fg = _foreground(render_scene(scene, background="plain", shadows=False))
+        assert ndimage.label(fg, structure=EIGHT_CONNECTED)[1] == len(scene.objects)
+    rows = _rows(4, seed=3, min_objects=1, max_objects=3, width=64, height=64, cells=(2, 2))
+    assert all(r["image"].size == (64, 64) for r in rows)  # 2x2 cells of 32 pixels: Qwen3-VL's token
+    with pytest.raises(ValueError, match="cells"):
+        sample_cell_scene(scene_rng(0, 0), cells=(2, 1), cell=28, min_objects=3, max_objects=3)
+    with pytest.raises(ValueError, match="divide 64x48 into squares"):
+        _rows(1, seed=0, width=64, height=48, cells=(2, 2))
+
+
+def test_clevr_synthetic_refuses_cells_that_are_not_squares_in_one_line(tmp_path, capsys):
+    from suzak.data.builders import main
+
+    with pytest.raises(SystemExit, match=r"^error: cells \[3, 3\] do not divide the 320x240 image into squares"):
+        main(["clevr_synthetic", "--cells", "3", "3", "--num_rows", "2", "--output", str(tmp_path / "out")])
 
 
 def test_bad_arguments_raise():

@@ -99,6 +99,7 @@ def clevr_synthetic(
     height: int = 240,
     sizes: tuple[str, ...] | list[str] | None = None,
     zoom: float = 1.0,
+    cells: tuple[int, int] | list[int] | None = None,
     template: str = DEFAULT_TEMPLATE,
     solution_format: str = "<answer> {n} </answer>",
     progress: bool = True,
@@ -107,11 +108,16 @@ def clevr_synthetic(
     """Procedurally drawn CLEVR-like counting scenes (offline). Row ``i`` depends only on ``(seed, start + i)``.
 
     Use disjoint ``start`` ranges (or seeds) for a held-out split. The ``scene`` column is the JSON scene description.
-    ``sizes`` (e.g. ``["large"]``) and ``zoom`` (objects scaled relative to the image) make easy counting scenes
-    for small images and small models, as ``python -m suzak.selftest --task counting`` uses.
+    ``sizes`` (e.g. ``["large"]``) and ``zoom`` (objects scaled relative to the image) make easier counting scenes
+    for small images and small models; ``cells`` ([columns, rows]) puts the objects one to a cell of that grid, each
+    cell a visual token's square, the easiest, as ``python -m suzak.selftest --task counting`` uses.
     """
     import datasets
 
+    if cells is not None and (len(cells) != 2 or min(cells) < 1 or width % cells[0] or height % cells[1]
+                              or width // cells[0] != height // cells[1]):  # fmt: skip
+        raise SuzakError(f"cells {list(cells)} do not divide the {width}x{height} image into squares: columns must "
+                         f"divide the width and rows the height by the same side")  # fmt: skip
     features = datasets.Features(
         {
             "prompt": [{"role": datasets.Value("string"), "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],
@@ -127,7 +133,7 @@ def clevr_synthetic(
     options = {
         "num": num_rows, "seed": seed, "start": start, "min_objects": min_objects, "max_objects": max_objects,
         "split": split, "question_types": tuple(question_types), "width": width, "height": height, "progress": progress,
-        "sizes": None if sizes is None else tuple(sizes), "zoom": zoom,
+        "sizes": None if sizes is None else tuple(sizes), "zoom": zoom, "cells": None if cells is None else tuple(cells),
     }  # fmt: skip
     return datasets.Dataset.from_generator(
         _clevr_rows,
@@ -425,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_objects", type=int, default=10)
     parser.add_argument("--sizes", nargs="+", default=None, help="clevr_synthetic: object sizes (default: all)")
     parser.add_argument("--zoom", type=float, default=1.0, help="clevr_synthetic: objects scaled to the image")
+    parser.add_argument("--cells", type=int, nargs=2, default=None, metavar=("COLUMNS", "ROWS"),
+                        help="clevr_synthetic: objects one to a cell of this grid of squares over the 320x240 image "
+                        "(e.g. 4 3); the self-test's counting scenes use cells of one visual token")  # fmt: skip
     parser.add_argument("--path", help="jsonl/gsm8k: local file")
     parser.add_argument("--template", default=None, help="prompt template (suzak.scoring.prompts.TEMPLATES)")
     args = parser.parse_args(argv)
@@ -433,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.name == "clevr_synthetic":
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start,
                     "min_objects": args.min_objects, "max_objects": args.max_objects, "sizes": args.sizes,
-                    "zoom": args.zoom}  # fmt: skip
+                    "zoom": args.zoom, "cells": args.cells}  # fmt: skip
     elif args.name in ("gsm8k_synthetic", "grounding_shapes"):
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start}
     elif args.name == "zoom_checks":

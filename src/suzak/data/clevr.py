@@ -47,6 +47,7 @@ __all__ = [
     "describe_scene",
     "generate_rows",
     "render_scene",
+    "sample_cell_scene",
     "sample_question",
     "sample_scene",
     "scene_rng",
@@ -243,6 +244,49 @@ def sample_scene(
         f"could not place {n} objects on {width}x{height} (zoom {zoom}) after {_RESTARTS} tries; lower max_objects"
         " or zoom"
     )
+
+
+CELL_FILL = 0.45  # footprint radius / cell side of a cell scene's objects
+CELL_JITTER = 0.08  # a cell scene's object centres move up to this share of the cell side from the cell's centre
+# (so an object crosses its cell's edge by at most CELL_FILL + CELL_JITTER - 0.5 = 0.03 of the side: under a pixel)
+
+
+def sample_cell_scene(
+    rng: np.random.Generator,
+    *,
+    cells: tuple[int, int],
+    cell: int,
+    min_objects: int = 1,
+    max_objects: int = 3,
+    split: str | None = None,
+) -> Scene:
+    """A scene whose objects sit one to a cell of a ``cells`` = (columns, rows) grid of ``cell``-pixel squares, each
+    object large, centred in its cell (moved by up to :data:`CELL_JITTER` of the side), filling most of it.
+
+    With ``cell`` the side of the model's visual token, every token shows one object (all but a sliver) or the table: counting
+    then asks how many tokens hold an object, which a model of a few hundred thousand parameters learns in a CPU
+    run (``python -m suzak.selftest --task counting``); objects placed freely (:func:`sample_scene`) straddle tokens
+    and such a model plateaus near two thirds (docs/selftest.md).
+
+    >>> scene = sample_cell_scene(scene_rng(0, 1), cells=(2, 2), cell=28)
+    >>> scene.width, scene.height, 1 <= len(scene.objects) <= 3
+    (56, 56, True)
+    >>> len({(int(o.x) // 28, int(o.y) // 28) for o in scene.objects}) == len(scene.objects)  # one to a cell
+    True
+    """
+    columns, rows = cells
+    if not 0 <= min_objects <= max_objects <= columns * rows:
+        raise ValueError(f"need 0 <= min_objects <= max_objects <= {columns * rows} cells, got {min_objects}, "
+                         f"{max_objects}")  # fmt: skip
+    _check_split(split)
+    n = int(rng.integers(min_objects, max_objects + 1))
+    objects = []
+    for index in sorted(rng.choice(columns * rows, n, replace=False)):
+        attrs = _sample_attributes(rng, split, ("large",))
+        dx, dy = rng.uniform(-CELL_JITTER, CELL_JITTER, 2) * cell
+        x, y = (index % columns + 0.5) * cell + dx, (index // columns + 0.5) * cell + dy
+        objects.append(SceneObject(**attrs, x=float(x), y=float(y), radius=CELL_FILL * cell))
+    return Scene(columns * cell, rows * cell, tuple(sorted(objects, key=lambda o: (o.y, o.x))))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -570,25 +614,34 @@ def generate_rows(
     question_types: Sequence[str] = QUESTION_TYPES,
     sizes: Sequence[str] | None = None,
     zoom: float = 1.0,
+    cells: tuple[int, int] | None = None,
     progress: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Rows ``start .. start+num-1``: image, question (``problem``), answer (``count``) and the scene as JSON.
 
     Row i uses only ``scene_rng(seed, i)``, so any range can be made alone and equals the same rows of a longer run.
-    ``sizes`` and ``zoom`` are :func:`sample_scene`'s (object sizes allowed, objects scaled relative to the image).
+    ``sizes`` and ``zoom`` are :func:`sample_scene`'s (object sizes allowed, objects scaled relative to the image);
+    ``cells`` = (columns, rows) places the objects one to a cell of that grid over the image instead
+    (:func:`sample_cell_scene`; ``width`` must be ``columns`` cells wide and ``height`` ``rows`` cells high).
     """
+    if cells is not None and (width % cells[0] or height % cells[1] or width // cells[0] != height // cells[1]):
+        raise ValueError(f"cells {tuple(cells)} must divide {width}x{height} into squares")
     for index in tqdm(range(start, start + num), desc="CLEVR scenes", disable=not progress):
         rng = scene_rng(seed, index)
-        scene = sample_scene(
-            rng,
-            min_objects=min_objects,
-            max_objects=max_objects,
-            width=width,
-            height=height,
-            split=split,
-            sizes=sizes,
-            zoom=zoom,
-        )
+        if cells is not None:
+            scene = sample_cell_scene(rng, cells=tuple(cells), cell=width // cells[0], min_objects=min_objects,
+                                      max_objects=max_objects, split=split)  # fmt: skip
+        else:
+            scene = sample_scene(
+                rng,
+                min_objects=min_objects,
+                max_objects=max_objects,
+                width=width,
+                height=height,
+                split=split,
+                sizes=sizes,
+                zoom=zoom,
+            )
         question = sample_question(scene, rng, question_types)
         yield {
             "image": render_scene(scene),
