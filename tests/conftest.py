@@ -97,14 +97,6 @@ def run_ok(cmd: list[str], env: dict, timeout: int = 900) -> subprocess.Complete
     return result
 
 
-def prior_cache_flags() -> list[str]:
-    """``--prior_cache DIR`` for the self-tests whose priors the main suite and the vLLM tier share (zoom, grounding:
-    the same tiny shape, task and seed with either engine), DIR being ``SUZAK_SELFTEST_PRIORS`` where ``.ci/run``
-    sets it for both suites; without it (a suite run alone) each self-test trains its own priors."""
-    folder = os.environ.get("SUZAK_SELFTEST_PRIORS")
-    return ["--prior_cache", folder] if folder else []
-
-
 def last_trainer_state(output_dir: Path) -> dict:
     """``trainer_state.json`` of the newest ``checkpoint-N`` in ``output_dir``."""
     states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))

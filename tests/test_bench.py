@@ -76,6 +76,23 @@ def test_vllm_cpu_bench_prints_its_recorded_rows(run_env):
     assert len(table.splitlines()) == 2 + len(rows) and "| train | vllm | 150 |" in table
 
 
+def test_selftest_margins_bench_prints_its_recorded_rows(run_env):
+    """bench/bench_selftest_margins.py: the validation behind docs/selftest.md's margins table. The self-tests of CI
+    validated so far (task, family, generation; docs/selftest.md says which are not yet) on two seeds or more, each
+    run's margins as its report computed them; the table prints one line per run."""
+    rows = [json.loads(line) for line in (ROOT / "bench" / "results_selftest_margins.jsonl").read_text().splitlines()]
+    seeds: dict[tuple, set[int]] = {}
+    for row in rows:
+        seeds.setdefault((row["task"], row["family"], row["generation"]), set()).add(row["seed"])
+        assert set(row["margins"]) >= {"aligned", *(name for name in row["last10"] if name != "aligned")}
+    proven = {("color", family, "hf") for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")}
+    proven |= {("counting", "qwen2_5_vl", "hf"), ("video", "qwen2_5_vl", "hf"), ("grounding", "qwen3_vl", "hf")}
+    assert all(len(seeds.get(key, ())) >= 2 for key in proven), {key: seeds.get(key) for key in proven}
+    table = _run("bench_selftest_margins.py", "--table", str(ROOT / "bench" / "results_selftest_margins.jsonl"),
+                 env=run_env).stdout  # fmt: skip
+    assert len(table.splitlines()) == 2 + len(rows) and "| grounding | qwen3_vl | hf | 1 |" in table
+
+
 @pytest.mark.slow
 def test_video_decode_bench_times_files_and_frame_lists(tmp_path, run_env):
     results = tmp_path / "video.jsonl"

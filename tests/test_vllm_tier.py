@@ -23,8 +23,8 @@ vllm``). What it shows, on the vLLM-ready tiny models (head_dim 32: vLLM's CPU a
 - each of TRL's vLLM importance-sampling modes trains with images (tests/vllm_is_modes.py; the losses and the
   other options: tests/test_loss_options.py);
 - tools: multi-turn rollouts with the zoom, whose crops reach vLLM in the next turn (tests/zoom_rollouts.py),
-  ``suzak.eval --tools zoom`` giving the same calls and answers on both engines, and the zoom self-test passing with
-  vLLM generating every turn (the policy learns to read its crops; the no-tool control stays at chance);
+  ``suzak.eval --tools zoom`` giving the same calls and answers on both engines (the zoom's learning proof runs with
+  HF generation in the main suite: docs/selftest.md says which self-tests run here and why);
 - a text-only model (the tiny Qwen2.5 causal LM): GSM8K GRPO through its launch script with colocated vLLM, the
   guard quiet on the live sampler and stopping a frozen one, and both eval engines giving the same answers;
 - vLLM's CPU layers still repack their weights at load (the contract behind ``keep_vllm_cpu_weights_live``).
@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, prior_cache_flags, run_ok
+from conftest import ROOT, run_ok
 
 pytestmark = [
     pytest.mark.vllm,
@@ -231,74 +231,34 @@ def test_qwen3_5_under_vllm_on_the_cpu_is_one_line(vllm_env, tmp_path):
 
 @pytest.mark.slow  # the longest here: first, with several workers (conftest)
 def test_selftest_passes_with_vllm(vllm_env, tmp_path):
-    """The colour self-test with vLLM generating: 130 of the task's 150 steps (at its constant learning rate a shorter
-    run is the longer one's first steps; with vLLM the aligned run's reward was 0.97 over steps 121-130 in two CIs,
-    0.99 at 141-150; held-out 1.000)."""
+    """The colour self-test with vLLM generating, as the command runs it (the task's 60 steps): the single-image
+    request path learns through the images, vLLM following the policy to fp32 rounding at every guard check. The
+    other single-image tasks (counting, grounding) learn with HF generation in the main suite; their own vLLM
+    parts (the resized scene's prompt ids, boxes scored alike on both engines) are tested below (docs/selftest.md)."""
     report = tmp_path / "selftest.json"
-    run_ok([sys.executable, "-m", "suzak.selftest", "--vllm", "--steps", "130", "--json", str(report)], vllm_env,
-           timeout=1200)  # fmt: skip
+    run_ok([sys.executable, "-m", "suzak.selftest", "--vllm", "--json", str(report)], vllm_env, timeout=1200)
     summary = json.loads(report.read_text())
     assert summary["passed"] and summary["detail"]["generation"] == "vllm"
     assert summary["aligned_accuracy"] >= 0.9 and 0.3 <= summary["control_accuracy"] <= 0.7
-    assert summary["unsuppressed_in_eval"] == []
-    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 121 of each run
-    assert all(len(run) == 13 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
+    assert summary["unsuppressed_in_eval"] == [] and all(summary["detail"]["verdicts"].values())
+    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 51 of each run
+    assert all(len(run) == 6 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
 @pytest.mark.slow  # the longest here: first, with several workers (conftest)
 def test_video_selftest_passes_with_vllm(vllm_env, tmp_path):
     """The video path learns through the frames with vLLM generating (each row's clip in its request), vLLM following
     the policy to fp32 rounding at every check: tiny Qwen3-VL here (the main suite runs the Qwen2.5-VL video
-    self-test with HF generation; with vLLM it passes too, in 184 s: docs/video.md). 120 of the task's 150 steps: at
-    its constant learning rate a shorter run is the longer one's first steps, and the aligned run's reward was 0.94-0.96
-    over each 10 steps from 91 to 120 (CI of 82b1cc9; 0.99 at 141-150, held-out 1.000)."""
+    self-test with HF generation), as the command runs it (the task's 60 steps)."""
     report = tmp_path / "selftest.json"
-    run_ok([sys.executable, "-m", "suzak.selftest", "--task", "video", "--family", "qwen3_vl", "--vllm", "--steps",
-            "120", "--json", str(report)], vllm_env, timeout=1200)  # fmt: skip
+    run_ok([sys.executable, "-m", "suzak.selftest", "--task", "video", "--family", "qwen3_vl", "--vllm", "--json",
+            str(report)], vllm_env, timeout=1200)  # fmt: skip
     summary = json.loads(report.read_text())
     assert summary["passed"] and summary["detail"]["generation"] == "vllm"
     assert summary["aligned_accuracy"] >= 0.9 and 0.3 <= summary["control_accuracy"] <= 0.7
     assert summary["heldout_accuracy"] >= 0.9 and summary["detail"]["heldout"]["shuffled"] < 0.7
-    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 111 of each run
-    assert all(len(run) == 12 and max(gap for _, gap, _, _ in run) < 1e-5 for run in checks.values()), checks
-
-
-@pytest.mark.slow  # the longest here: first, with several workers (conftest)
-def test_grounding_selftest_passes_with_vllm(vllm_env, tmp_path):
-    """Boxes learned through the images with vLLM generating: the grounding self-test's aligned run climbs far above
-    a guess's 0.25 mean IoU, the shuffled control stays there, vLLM following the policy at every guard check. 100
-    of the task's 120 steps: at its constant learning rate a shorter run is the longer one's first steps, and with vLLM
-    the aligned run's mean IoU was 0.91 and 0.89 over steps 91-100 in two CIs (0.95 at 111-120; docs/selftest.md).
-    The prior comes from the main suite's HF run where CI shares it (``prior_cache_flags``)."""
-    report = tmp_path / "selftest.json"
-    run_ok([sys.executable, "-m", "suzak.selftest", "--task", "grounding", "--vllm", "--steps", "100", "--json",
-            str(report), *prior_cache_flags()], vllm_env, timeout=1800)  # fmt: skip
-    summary = json.loads(report.read_text())
-    assert summary["passed"] and summary["detail"]["generation"] == "vllm"
-    assert summary["aligned_accuracy"] >= 0.5 and summary["control_accuracy"] <= 0.4
-    assert summary["heldout_accuracy"] >= 0.5 and summary["detail"]["heldout"]["shuffled"] < 0.4
-    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 91 of each run
-    assert all(len(run) == 10 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
-
-
-@pytest.mark.slow  # the longest here: first, with several workers (conftest)
-def test_zoom_selftest_passes_with_vllm(vllm_env, tmp_path):
-    """Thinking with images with vLLM generating every turn: the zoom self-test's policy learns to read its crops
-    (held-out accuracy through the evaluation's tool loop) past the best of the no-tool control, vLLM following the
-    policy over the tokens after each crop at every guard check (steps 1, 11, ..., 141 of each run). The priors come
-    from the main suite's HF run where CI shares them (``prior_cache_flags``)."""
-    report = tmp_path / "selftest.json"
-    run_ok([sys.executable, "-m", "suzak.selftest", "--task", "zoom", "--vllm", "--json", str(report),
-            *prior_cache_flags()], vllm_env, timeout=1800)  # fmt: skip
-    summary = json.loads(report.read_text())
-    assert summary["passed"] and summary["detail"]["generation"] == "vllm"  # last 10 steps >= 0.55, control at chance
-    best_control = max([*summary["detail"]["windows"]["no_tool"], summary["detail"]["heldout"]["no_tool"]])
-    assert summary["heldout_accuracy"] >= 0.8 and best_control <= 0.47  # measured: 1.000; 0.378 (docs/tools.md)
-    checks = summary["detail"]["sampler_checks"]
-    assert all(len(run) == 15 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
-
-
-# --- evaluation: the two engines on one checkpoint -------------------------------------------------------------------
+    checks = summary["detail"]["sampler_checks"]  # the stale-sampler guard at steps 1, 11, ..., 51 of each run
+    assert all(len(run) == 6 and max(gap for _, gap, _, _ in run) < 1e-5 for run in checks.values()), checks
 
 
 def test_eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path):

@@ -23,20 +23,24 @@ logger = logging.getLogger("suzak.selftest")
 
 
 def _schedules() -> str:
-    """The tasks' default steps, and the families measured otherwise, for ``--steps``'s help.
+    """The tasks' default steps, and what is measured otherwise for a family, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 150, counting 300, grounding 120, video 150, zoom 150; color on qwen3_vl and qwen3_5: 250 at lr 5e-4'
+    'color 60, counting 140, grounding 120, video 60, zoom 150; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
-        by_schedule: dict[tuple[int, float], list[str]] = {}
-        for family, schedule in spec.family_schedule.items():
-            by_schedule.setdefault(schedule, []).append(family)
-        for (steps, lr), families in by_schedule.items():
-            lr_text = np.format_float_scientific(lr, trim="-", exp_digits=1)  # 5e-4, as the recipes write it
-            text += f"; {name} on {' and '.join(families)}: {steps} at lr {lr_text}"
+        for family, fields in spec.families.items():
+            settings = ", ".join(f"{key} {_number(value)}" for key, value in fields.items())
+            text += f"; {name} on {family}: {settings}"
     return text
+
+
+def _number(value) -> str:
+    """5e-4 as the recipes write it; anything else as it prints."""
+    if isinstance(value, float) and value < 0.01:
+        return np.format_float_scientific(value, trim="-", exp_digits=1)
+    return str(value)
 
 
 def main(argv: list[str] | None = None) -> None:

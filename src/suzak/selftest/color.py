@@ -1,12 +1,15 @@
 """``--task color`` (the default, the install check): "What color is the image?" over small red or blue squares, each
 channel jittered so no two images are equal, with a 0/1 reward on the first answer token; the control shuffles the
-squares across rows. No prior: the colour words are found by GRPO itself (docs/selftest.md)."""
+squares across rows. A short answer prior on grey squares makes the colour words the likely first tokens, as a
+pretrained model's are; which colour is GRPO's to learn from the pixels (docs/selftest.md)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from suzak.data.colors import COLORS
+from suzak.selftest.priors import sft_prior
 from suzak.selftest.spec import TaskSpec, register
 
 if TYPE_CHECKING:
@@ -16,12 +19,14 @@ if TYPE_CHECKING:
 
 __all__ = ["SPEC", "answer_ids", "color_dataset", "first_token_reward"]
 
-# lr 3e-3 and 2e-3 collapse onto one colour; 1e-3 passes by ~130 steps. The tiny Qwen3-VL and Qwen3.5 collapse at 1e-3
-# too (onto one colour by step ~110, aligned and shuffled alike); at 5e-4 they pass by ~200 steps.
-SPEC = register("color", __name__, TaskSpec(
-    150, 1e-3, (2, 2), 2, 0.5, 0.9, (0.3, 0.7), family_schedule={"qwen3_vl": (250, 5e-4), "qwen3_5": (250, 5e-4)},
-    heldout_pass_at=0.9, heldout_control_below=0.7,
-))  # fmt: skip
+logger = logging.getLogger(__name__)
+
+# Without a prior GRPO first has to find the colour words among the vocabulary's: at lr 2e-3 and above it collapsed onto
+# one colour, at 1e-3 it passed by ~130 steps (the tiny Qwen3-VL and Qwen3.5 only at 5e-4, by ~200). After 30 SFT
+# steps on grey squares (either colour word, at random) lr 3e-3 passes 0.9 by step ~40 on every family and the
+# shuffled control stays at chance (docs/selftest.md).
+SPEC = register("color", __name__, TaskSpec(60, 3e-3, (2, 2), 2, 0.5, 0.9, (0.3, 0.7), prior_steps=30,
+                                            heldout_pass_at=0.9, heldout_control_below=0.7))  # fmt: skip
 
 
 def color_dataset(num_rows: int, seed: int, images: str = "aligned", size: int | None = None):
@@ -65,7 +70,7 @@ def first_word_scores(outputs: list[str], rows: list[dict]) -> list[float]:
 
 
 def datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
-    size = SPEC.image_size(factor)[0]
+    size = config.spec.image_size(factor)[0]
     return (color_dataset(config.rows, config.seed, images, size),
             color_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size))  # fmt: skip
 
@@ -79,4 +84,11 @@ def score(config: SelfTestConfig, outputs: list[str], rows: list[dict]) -> list[
 
 
 def prior(config, condition, model, processor, budget, video_budget, crops, output_dir) -> None:
-    """None: GRPO finds the colour words itself."""
+    """Grey squares with a colour word at random (:func:`suzak.selftest.priors.sft_prior`): the first answer token
+    leans toward the colour words, either as likely, and nothing tells a red square from a blue one yet."""
+    logger.info("%s run: answer prior (%d SFT steps on grey squares)", condition, config.spec.prior_steps)
+    size = config.spec.image_size(budget.factor)[0]
+    grey = color_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", size)
+    rows = [{"prompt": row["prompt"], "image": row["image"],
+             "completion": [{"role": "assistant", "content": row["solution"]}]} for row in grey]  # fmt: skip
+    sft_prior(config, rows, model, processor, budget, output_dir)

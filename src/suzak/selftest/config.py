@@ -16,7 +16,7 @@ __all__ = ["TASKS", "SelfTestConfig"]
 @dataclass
 class SelfTestConfig:
     """Run settings; ``steps`` and ``learning_rate`` left at None take the task's measured defaults for the family
-    (``TASKS``, :meth:`TaskSpec.schedule`)."""
+    (``TASKS``, :meth:`TaskSpec.for_family`)."""
 
     task: str = "color"
     family: str = DEFAULT_FAMILY  # the tiny model's (suzak.models.tiny.FAMILIES)
@@ -43,9 +43,8 @@ class SelfTestConfig:
                 f"unknown model family {self.family!r}; known: {', '.join(SELFTEST_FAMILIES)} (the tiny "
                 "MoE model is for LoRA-target tests: its schedule is not measured)"
             )
-        steps, learning_rate = self.spec.schedule(self.family)
-        self.steps = steps if self.steps is None else self.steps
-        self.learning_rate = learning_rate if self.learning_rate is None else self.learning_rate
+        self.steps = self.spec.steps if self.steps is None else self.steps
+        self.learning_rate = self.spec.learning_rate if self.learning_rate is None else self.learning_rate
         self.temperature = self.spec.temperature if self.temperature is None else self.temperature
         self.rows = (self.spec.rows or 2000) if self.rows is None else self.rows
         prompts, generations = self.spec.group
@@ -54,7 +53,8 @@ class SelfTestConfig:
 
     @property
     def spec(self) -> TaskSpec:
-        return TASKS[self.task]
+        """The task's settings for the run's family (:meth:`TaskSpec.for_family`)."""
+        return TASKS[self.task].for_family(self.family)
 
     @property
     def task_module(self) -> ModuleType:

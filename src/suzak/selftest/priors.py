@@ -120,7 +120,7 @@ def keep_prior(folder: Path | None, saved: Path) -> None:
 def shared_prior(config: SelfTestConfig, model_dir: Path, conditions: tuple[str, ...], folder: Path,
                  threads: int) -> Path | None:  # fmt: skip
     """The conditions' common prior, trained once on ``threads`` threads and saved in ``folder`` (model and
-    processor), when they have one: counting, grounding and video give the aligned run and its control the same
+    processor), when they have one: colour, counting, grounding and video give the aligned run and its control the same
     answer prior (the same grey rows, seed and steps), so each condition starts from this copy instead of training it
     again. None when the task has no prior or its conditions' differ (zoom: the call prior with the tool, an answer
     prior without)."""

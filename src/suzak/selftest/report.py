@@ -7,7 +7,7 @@ import statistics
 
 from suzak.selftest.spec import TaskSpec
 
-__all__ = ["JSON_KEYS", "format_report", "needs", "quiet_progress", "verdicts", "windows"]
+__all__ = ["JSON_KEYS", "format_report", "margins", "needs", "quiet_progress", "verdicts", "windows"]
 
 # The top-level keys of ``--json`` (the whole report follows under "detail").
 JSON_KEYS = ("task", "family", "aligned_accuracy", "control_accuracy", "heldout_accuracy", "unsuppressed_in_eval", "steps",
@@ -48,6 +48,36 @@ def verdicts(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) 
     return ok
 
 
+def margins(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """How far inside each bar of :func:`verdicts` the runs are, and how far they must be to call the bar safe from a
+    host's or a library's drift: ``{bar: (margin, required)}``, a negative margin a failed bar (docs/selftest.md).
+
+    A control's margin is its distance to the nearer edge of its band (or under its held-out ceiling), required 0.1.
+    An aligned run's is its distance above the bar, required 0.1, or half the room between the bar and a perfect 1.0
+    where that is less (a bar of 0.9 can be passed by 0.1 only by a perfect run: 0.05 there).
+
+    >>> from suzak.selftest import TASKS
+    >>> m = margins(TASKS["color"], {"aligned": 0.97, "shuffled": 0.52}, {"aligned": 1.0, "shuffled": 0.49})
+    >>> {name: (round(got, 3), need) for name, (got, need) in m.items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'aligned': (0.07, 0.05), 'shuffled': (0.18, 0.1), 'heldout_aligned': (0.1, 0.05),
+     'heldout_shuffled': (0.21, 0.1)}
+    """
+    low, high = spec.control_band
+    out = {}
+    for name, value in last.items():
+        out[name] = (value - spec.pass_at, _required(spec.pass_at)) if name == "aligned" else (
+            min(value - low, high - value), 0.1)  # fmt: skip
+    for name, value in heldout.items():
+        bar = spec.heldout_pass_at if name == "aligned" else spec.heldout_control_below
+        if bar is not None:
+            out[f"heldout_{name}"] = (value - bar, _required(bar)) if name == "aligned" else (bar - value, 0.1)
+    return out
+
+
+def _required(bar: float) -> float:
+    return round(min(0.1, (1.0 - bar) / 2), 6)
+
+
 def format_report(report: dict) -> str:
     names = list(report["windows"])
     lines = ["| steps | " + " | ".join(f"{n} reward" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
@@ -83,7 +113,7 @@ def heldout_needs(spec: TaskSpec, conditions) -> dict[str, str]:
 
     >>> from suzak.selftest import TASKS
     >>> heldout_needs(TASKS["counting"], ["aligned", "shuffled"])
-    {'aligned': '>= 0.6', 'shuffled': '< 0.5'}
+    {'aligned': '>= 0.8', 'shuffled': '< 0.5'}
     """
     out = {}
     for name in conditions:

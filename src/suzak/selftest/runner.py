@@ -13,7 +13,7 @@ from pathlib import Path
 from suzak import SuzakError
 from suzak.selftest import priors
 from suzak.selftest.config import SelfTestConfig
-from suzak.selftest.report import heldout_needs, needs, quiet_progress, verdicts, windows
+from suzak.selftest.report import heldout_needs, margins, needs, quiet_progress, verdicts, windows
 from suzak.selftest.spec import NO_TOOL
 
 __all__ = ["PORTS_FROM", "run_selftest", "unsuppressed_tokens"]
@@ -255,7 +255,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
     with tempfile.TemporaryDirectory(prefix="suzak-selftest-") as tmp:
         # vLLM's CPU attention needs head_dim >= 32; the grounding task learns faster on that shape with HF too
         corpus = zoom_corpus(config.family) if spec.tools else []  # the tool format in the tiny vocabulary
-        tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus)
+        tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus,
+                                 **spec.tiny)  # fmt: skip
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)
         runs = {}
         for images, (rewards, accuracy, unsuppressed, checks, kept) in train_conditions(config, model_dir, conditions,
@@ -283,6 +284,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         "heldout": accuracies,
         "heldout_needs": heldout_needs(spec, list(runs)),
         "verdicts": ok,
+        # {bar: [how far inside it, how far it must be to be safe]} (report.margins; docs/selftest.md)
+        "margins": {name: [round(got, 4), need] for name, (got, need) in margins(spec, last, accuracies).items()},
         "windows": {name: windows(run["rewards"]) for name, run in runs.items()},
         "steps": config.steps,
         "generation": "vllm" if config.vllm else "hf",

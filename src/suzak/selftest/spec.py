@@ -8,7 +8,7 @@ between tasks (:class:`Task`), and registers them here (:func:`register`; the pa
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,7 +43,7 @@ class TaskSpec:
     control_band: tuple[float, float]  # a control run's must stay inside this
     prior_steps: int = 0  # SFT steps that give the random-init model a pretrained model's answer prior
     lr_scheduler_type: str = "constant"
-    family_schedule: dict[str, tuple[int, float]] = field(default_factory=dict)  # family -> (steps, lr) measured
+    families: dict[str, dict] = field(default_factory=dict)  # family -> the fields measured otherwise for its model
     video_frames: int = 0  # a video task: frames per clip, each image_tokens in size
     group: tuple[int, int] = (16, 8)  # (prompts, completions of each) per step: 128 completions a step
     prior_lr: float = 1e-3  # the answer prior's SFT learning rate
@@ -55,24 +55,28 @@ class TaskSpec:
     tools: tuple[str, ...] = ()  # the aligned run's tools (suzak.models.tools.resolve_tools); its control has none
     control: str = "shuffled"  # the control condition: shuffled (or grey) images, or no_tool (same images, no tools)
     rows: int | None = None  # training rows (None: SelfTestConfig.rows)
+    tiny: dict[str, int] = field(default_factory=dict)  # the tiny model's sizes where the task's differ (TinyConfig)
     heldout_pass_at: float | None = None  # the aligned run's held-out greedy accuracy must reach this (None: no bar)
     heldout_control_below: float | None = None  # a control's held-out accuracy must stay below this (None: no bar)
 
-    def schedule(self, family: str) -> tuple[int, float]:
-        """(steps, learning rate) for the tiny model of ``family``: the task's, unless measured otherwise.
+    def for_family(self, family: str) -> TaskSpec:
+        """The settings for the tiny model of ``family``: the task's, with the fields measured otherwise for it.
 
         >>> from suzak.selftest import TASKS
-        >>> TASKS["color"].schedule("qwen2_5_vl"), TASKS["color"].schedule("qwen3_vl")
-        ((150, 0.001), (250, 0.0005))
+        >>> spec = TASKS["grounding"].for_family("qwen3_vl")
+        >>> spec.group, spec.learning_rate, spec.beta, spec.families
+        ((32, 8), 0.002, 0.6, {})
+        >>> TASKS["grounding"].for_family("qwen2_5_vl").group
+        (16, 8)
         """
-        return self.family_schedule.get(family, (self.steps, self.learning_rate))
+        return replace(self, **self.families.get(family, {}), families={})
 
     def image_size(self, factor: int) -> tuple[int, int]:
         """(width, height) in pixels for a model with ``factor`` pixels per visual token along a side.
 
         >>> from suzak.selftest import TASKS
         >>> TASKS["color"].image_size(28), TASKS["counting"].image_size(32)
-        ((56, 56), (128, 96))
+        ((56, 56), (64, 64))
         """
         return self.image_tokens[0] * factor, self.image_tokens[1] * factor
 
@@ -82,7 +86,7 @@ class TaskSpec:
 
         >>> from suzak.selftest import TASKS
         >>> TASKS["color"].drawn_size(), TASKS["counting"].drawn_size(), TASKS["grounding"].drawn_size()
-        ((56, 56), (112, 84), (112, 112))
+        ((56, 56), (56, 56), (112, 112))
         """
         from suzak.media.vision import family_factors
 

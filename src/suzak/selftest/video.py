@@ -28,9 +28,9 @@ logger = logging.getLogger(__name__)
 # Without a prior both runs first learn to answer with a colour word (~90 steps), then aligned learns the frames after
 # 30 steps (seeds 1, 2) or over 150 (seed 0: 0.59 at 241-250 with one thread a run), and at 16 prompts x 8
 # completions a policy leaning to one colour leaves most groups without signal. With the answer prior (30 steps on
-# clips that stay grey) and 8 prompts x 16 completions (the same 128 a step) aligned climbs from step 1 and passes 0.9
-# by step ~100 on the tiny Qwen2.5-VL and Qwen3-VL alike (docs/selftest.md).
-SPEC = register("video", __name__, TaskSpec(150, 1e-3, (2, 2), 2, 0.5, 0.9, (0.3, 0.7), prior_steps=30, video_frames=4, group=(8, 16),
+# clips that stay grey) and 8 prompts x 16 completions (the same 128 a step) aligned climbs from step 1: at lr 1e-3 it
+# passed 0.9 by step ~100, at 3e-3 by ~40, the shuffled control at chance (docs/selftest.md).
+SPEC = register("video", __name__, TaskSpec(60, 3e-3, (2, 2), 2, 0.5, 0.9, (0.3, 0.7), prior_steps=30, video_frames=4, group=(8, 16),
                 heldout_pass_at=0.9, heldout_control_below=0.7))  # fmt: skip
 
 
@@ -47,7 +47,7 @@ def video_dataset(num_rows: int, seed: int, images: str = "aligned", size: int |
 
 
 def datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
-    size, frames = SPEC.image_size(factor)[0], SPEC.video_frames
+    size, frames = config.spec.image_size(factor)[0], config.spec.video_frames
     return (video_dataset(config.rows, config.seed, images, size, frames),
             video_dataset(config.heldout_rows, config.seed + 10_000, "aligned", size, frames))  # fmt: skip
 
