@@ -77,10 +77,11 @@ _R1V_COUNT_RE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
 # R1-V's training reward reads tag contents with this: the first pair on one line ("." stops at a newline).
 _R1V_TAG_RE = re.compile(r"<answer>(.*?)</answer>")
 # A box as the Qwen families write one: Qwen2-VL's tokens, or 4 numbers in brackets (JSON "bbox_2d" values, VLM-R1's
-# plain lists). A list of 3 or 5 numbers is no box.
+# plain lists). A list of 3 or 5 numbers is no box. Qwen2-VL's <|box_start|> and <|box_end|> are special tokens, which
+# TRL's and the evaluation's decoding (skip_special_tokens=True) drop: the pair of points alone is its box too.
 _BOX_NUMBER = r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*"
 _BOX_RE = re.compile(
-    rf"<\|box_start\|>\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*,\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*<\|box_end\|>"
+    rf"(?:<\|box_start\|>)?\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*,\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*(?:<\|box_end\|>)?"
     rf"|\[{_BOX_NUMBER},{_BOX_NUMBER},{_BOX_NUMBER},{_BOX_NUMBER}\]"
 )
 # math-verify's own defaults (what R1-V ran with). Its timeouts use signal.alarm, which only works in the main thread.
@@ -325,11 +326,13 @@ def count_parser(answer_format: str) -> Callable[[str], int | None]:
 
 def parse_boxes(text: str) -> list[tuple[float, float, float, float]]:
     """Every box in ``text``, in the order written, in whatever frame the writer used: Qwen2-VL's
-    ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``, JSON ``bbox_2d`` values (one object or a list of them) or a plain
-    ``[x1, y1, x2, y2]`` (also several, as ``[[...], [...]]``). A list of another length is no box.
+    ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` (or ``(x1,y1),(x2,y2)`` alone: decoding with
+    ``skip_special_tokens=True``, as TRL and the evaluation do, drops its special tokens), JSON ``bbox_2d`` values (one
+    object or a list of them) or a plain ``[x1, y1, x2, y2]`` (also several, as ``[[...], [...]]``). A list of
+    another length is no box.
 
-    >>> parse_boxes('<|box_start|>(12,40),(300, 512)<|box_end|>')
-    [(12.0, 40.0, 300.0, 512.0)]
+    >>> parse_boxes('<|box_start|>(12,40),(300, 512)<|box_end|>'), parse_boxes("(12,40),(300,512)")
+    ([(12.0, 40.0, 300.0, 512.0)], [(12.0, 40.0, 300.0, 512.0)])
     >>> parse_boxes('```json\\n[{"bbox_2d": [1, 2, 30, 40], "label": "cup"}, {"bbox_2d": [5, 6, 7.5, 8]}]\\n```')
     [(1.0, 2.0, 30.0, 40.0), (5.0, 6.0, 7.5, 8.0)]
     >>> parse_boxes("[1, 2, 3]"), parse_boxes("[1, 2, 3, 4, 5]"), parse_boxes("[[1, 2, 3, 4], [5, 6, 7, 8]]")
@@ -353,8 +356,8 @@ def gold_boxes(text: str) -> list[tuple[float, float, float, float]] | None:
 
 
 _BOX_TOKENS_ONLY_RE = re.compile(
-    rf"(?:(?:<\|object_ref_start\|>[^<]*<\|object_ref_end\|>)?<\|box_start\|>\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*,"
-    rf"\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*<\|box_end\|>\s*)+"
+    rf"(?:(?:<\|object_ref_start\|>[^<]*<\|object_ref_end\|>)?(?:<\|box_start\|>)?\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*,"
+    rf"\s*\({_BOX_NUMBER},{_BOX_NUMBER}\)\s*(?:<\|box_end\|>)?\s*)+"
 )
 _CODE_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
@@ -362,11 +365,11 @@ _CODE_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 def is_box_answer(text: str) -> bool:
     """Whether ``text`` is a box answer and nothing else: JSON ``{"bbox_2d": [x1, y1, x2, y2], ...}`` or a list of such
     objects (in a ```json fence or not), a plain ``[x1, y1, x2, y2]`` or a list of them, or Qwen2-VL's box tokens
-    (each optionally after its ``<|object_ref_start|>…<|object_ref_end|>``).
+    (each optionally after its ``<|object_ref_start|>…<|object_ref_end|>``; the special tokens may be decoded away).
 
     >>> [is_box_answer(t) for t in ['{"bbox_2d": [1, 2, 3, 4], "label": "cup"}', "[1, 2, 3, 4]", "[[1, 2, 3, 4]]",
-    ...  "<|box_start|>(1,2),(3,4)<|box_end|>", "[1, 2, 3, 4] and more", '{"bbox_2d": [1, 2, 3]}', "[]"]]
-    [True, True, True, True, False, False, False]
+    ...  "<|box_start|>(1,2),(3,4)<|box_end|>", "(1,2),(3,4)", "[1, 2, 3, 4] and more", '{"bbox_2d": [1, 2, 3]}', "[]"]]
+    [True, True, True, True, True, False, False, False]
     """
     text = text.strip()
     if _BOX_TOKENS_ONLY_RE.fullmatch(text):
