@@ -108,7 +108,8 @@ def test_config_takes_task_defaults():
     video = SelfTestConfig(task="video")
     assert (video.prompts_per_step, video.generations, video.steps, TASKS["video"].prior_steps) == (8, 16, 60, 30)
     assert (SelfTestConfig().prompts_per_step, SelfTestConfig().generations) == (16, 8)
-    assert SelfTestConfig(task="video", family="qwen3_vl").steps == 60
+    qwen3_video = SelfTestConfig(task="video", family="qwen3_vl")  # at 3e-3 it collapsed with vLLM (docs/selftest.md)
+    assert (qwen3_video.steps, qwen3_video.learning_rate) == (150, 1e-3)
     assert SelfTestConfig(task="video", generations=4).generations == 4
 
 
