@@ -254,7 +254,7 @@ def test_cell_scenes_put_one_whole_object_in_each_chosen_cell():
     assert all(r["image"].size == (64, 64) for r in rows)  # 2x2 cells of 32 pixels: Qwen3-VL's token
     with pytest.raises(ValueError, match="cells"):
         sample_cell_scene(scene_rng(0, 0), cells=(2, 1), cell=28, min_objects=3, max_objects=3)
-    with pytest.raises(ValueError, match="divide 64x48 into squares"):
+    with pytest.raises(ValueError, match=r"cells \[2, 2\] do not divide the 64x48 image into squares"):
         _rows(1, seed=0, width=64, height=48, cells=(2, 2))
 
 

@@ -114,10 +114,12 @@ def clevr_synthetic(
     """
     import datasets
 
-    if cells is not None and (len(cells) != 2 or min(cells) < 1 or width % cells[0] or height % cells[1]
-                              or width // cells[0] != height // cells[1]):  # fmt: skip
-        raise SuzakError(f"cells {list(cells)} do not divide the {width}x{height} image into squares: columns must "
-                         f"divide the width and rows the height by the same side")  # fmt: skip
+    from suzak.data.clevr import check_cells
+
+    try:
+        check_cells(cells, width, height)  # before any row is drawn: one line naming the option
+    except ValueError as error:
+        raise SuzakError(str(error)) from None
     features = datasets.Features(
         {
             "prompt": [{"role": datasets.Value("string"), "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],

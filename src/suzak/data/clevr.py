@@ -43,6 +43,7 @@ __all__ = [
     "SIZES",
     "Scene",
     "SceneObject",
+    "check_cells",
     "count_objects",
     "describe_scene",
     "generate_rows",
@@ -601,6 +602,20 @@ def describe_scene(scene: Scene) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def check_cells(cells: Sequence[int] | None, width: int, height: int) -> None:
+    """Raise ValueError unless ``cells`` (None, or [columns, rows]) divides a ``width`` x ``height`` image into square
+    cells (:func:`sample_cell_scene`'s grid).
+
+    >>> check_cells([3, 3], 320, 240)
+    Traceback (most recent call last):
+    ValueError: cells [3, 3] do not divide the 320x240 image into squares: columns must divide the width and rows the height by the same side
+    """
+    if cells is not None and (len(cells) != 2 or min(cells) < 1 or width % cells[0] or height % cells[1]
+                              or width // cells[0] != height // cells[1]):  # fmt: skip
+        raise ValueError(f"cells {list(cells)} do not divide the {width}x{height} image into squares: columns must "
+                         "divide the width and rows the height by the same side")  # fmt: skip
+
+
 def generate_rows(
     num: int,
     *,
@@ -624,8 +639,7 @@ def generate_rows(
     ``cells`` = (columns, rows) places the objects one to a cell of that grid over the image instead
     (:func:`sample_cell_scene`; ``width`` must be ``columns`` cells wide and ``height`` ``rows`` cells high).
     """
-    if cells is not None and (width % cells[0] or height % cells[1] or width // cells[0] != height // cells[1]):
-        raise ValueError(f"cells {tuple(cells)} must divide {width}x{height} into squares")
+    check_cells(cells, width, height)
     for index in tqdm(range(start, start + num), desc="CLEVR scenes", disable=not progress):
         rng = scene_rng(seed, index)
         if cells is not None:

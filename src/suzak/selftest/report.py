@@ -39,13 +39,9 @@ def verdicts(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) 
     >>> verdicts(TASKS["color"], {"aligned": 0.95, "shuffled": 0.5}, {"aligned": 1.0, "shuffled": 0.5})
     {'aligned': True, 'shuffled': True, 'heldout_aligned': True, 'heldout_shuffled': True}
     """
-    low, high = spec.control_band
-    ok = {name: value >= spec.pass_at if name == "aligned" else low <= value <= high for name, value in last.items()}
-    for name, value in heldout.items():
-        bar = spec.heldout_pass_at if name == "aligned" else spec.heldout_control_below
-        if bar is not None:
-            ok[f"heldout_{name}"] = value >= bar if name == "aligned" else value < bar
-    return ok
+    # a bar is met where its margin is >= 0; a control's held-out ceiling is strict (below it, not at it)
+    return {bar: got > 0 if bar.startswith("heldout_") and bar != "heldout_aligned" else got >= 0
+            for bar, (got, _) in margins(spec, last, heldout).items()}  # fmt: skip
 
 
 def margins(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) -> dict[str, tuple[float, float]]:
