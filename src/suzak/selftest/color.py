@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from suzak.data.colors import COLORS
-from suzak.selftest.priors import sft_prior
+from suzak.selftest.priors import answer_rows, sft_prior
 from suzak.selftest.spec import TaskSpec, register
 
 if TYPE_CHECKING:
@@ -89,6 +89,4 @@ def prior(config, condition, model, processor, budget, video_budget, crops, outp
     logger.info("%s run: answer prior (%d SFT steps on grey squares)", condition, config.spec.prior_steps)
     size = config.spec.image_size(budget.factor)[0]
     grey = color_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", size)
-    rows = [{"prompt": row["prompt"], "image": row["image"],
-             "completion": [{"role": "assistant", "content": row["solution"]}]} for row in grey]  # fmt: skip
-    sft_prior(config, rows, model, processor, budget, output_dir)
+    sft_prior(config, answer_rows(grey, grey["solution"]), model, processor, budget, output_dir)

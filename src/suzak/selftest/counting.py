@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from suzak.selftest.priors import sft_prior
+from suzak.selftest.priors import answer_rows, sft_prior
 from suzak.selftest.spec import TaskSpec, register
 
 if TYPE_CHECKING:
@@ -90,6 +90,5 @@ def prior(config, condition, model, processor, budget, video_budget, crops, outp
     rng = np.random.default_rng(config.seed + 20_000)
     empty = counting_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", cache_dir=str(output_dir),
                              size=config.spec.image_size(budget.factor))  # fmt: skip
-    rows = [{"prompt": row["prompt"], "image": row["image"],
-             "completion": [{"role": "assistant", "content": str(int(rng.integers(1, 4)))}]} for row in empty]  # fmt: skip
-    sft_prior(config, rows, model, processor, budget, output_dir)
+    counts = [int(rng.integers(1, 4)) for _ in range(len(empty))]
+    sft_prior(config, answer_rows(empty, counts), model, processor, budget, output_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from suzak.selftest.priors import sft_prior
+from suzak.selftest.priors import answer_rows, sft_prior
 from suzak.selftest.spec import TaskSpec, register
 
 if TYPE_CHECKING:
@@ -91,6 +91,5 @@ def prior(config, condition, model, processor, budget, video_budget, crops, outp
     logger.info("%s run: answer prior (%d SFT steps on a grey image)", condition, config.spec.prior_steps)
     side = config.spec.drawn_size(budget.factor)[0]
     grey = grounding_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", side)
-    rows = [{"prompt": row["prompt"], "image": row["image"], "completion": [{"role": "assistant", "content":
-             model_answer(with_box_frame(row, model.config.model_type, budget))}]} for row in grey]  # fmt: skip
-    sft_prior(config, rows, model, processor, budget, output_dir)
+    boxes = [model_answer(with_box_frame(row, model.config.model_type, budget)) for row in grey]
+    sft_prior(config, answer_rows(grey, boxes), model, processor, budget, output_dir)

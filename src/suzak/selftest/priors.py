@@ -20,9 +20,30 @@ if TYPE_CHECKING:
     from suzak.media.vision import PixelBudget
     from suzak.selftest.config import SelfTestConfig
 
-__all__ = ["cached_prior", "keep_prior", "prior_folder", "prior_key", "sft_prior", "shared_prior", "train_prior"]
+__all__ = [
+    "answer_rows",
+    "cached_prior",
+    "keep_prior",
+    "prior_folder",
+    "prior_key",
+    "sft_prior",
+    "shared_prior",
+    "train_prior",
+]
 
 logger = logging.getLogger(__name__)
+
+
+def answer_rows(rows, answers) -> list[dict]:
+    """The rows of an answer prior: each of ``rows``' prompt and image, and its answer from ``answers`` as the
+    assistant's turn ({prompt, image, completion}, what :func:`sft_prior` trains on).
+
+    >>> answer_rows([{"prompt": "p", "image": None, "solution": "red"}], ["blue"])
+    [{'prompt': 'p', 'image': None, 'completion': [{'role': 'assistant', 'content': 'blue'}]}]
+    """
+    return [{"prompt": row["prompt"], "image": row["image"],
+             "completion": [{"role": "assistant", "content": str(answer)}]}
+            for row, answer in zip(rows, answers, strict=True)]  # fmt: skip
 
 
 def sft_prior(

@@ -16,7 +16,7 @@ import numpy as np
 
 from suzak import SuzakError
 from suzak.media.vision import PixelBudget, family_factors
-from suzak.selftest.priors import sft_prior
+from suzak.selftest.priors import answer_rows, sft_prior
 from suzak.selftest.spec import NO_TOOL, TaskSpec, register
 
 if TYPE_CHECKING:
@@ -215,7 +215,5 @@ def prior(config, condition, model, processor, budget, video_budget, crops, outp
                         seed=config.seed)  # fmt: skip
         return
     words = np.random.default_rng(config.seed + 20_000).choice(sorted(CHECKS), PRIOR_ROWS)
-    answers = [{"prompt": row["prompt"], "image": budget.fit(row["image"]),
-                "completion": [{"role": "assistant", "content": str(word)}]}
-               for row, word in zip(rows, words, strict=True)]  # fmt: skip
-    sft_prior(config, answers, model, processor, budget, output_dir)
+    fitted = [row | {"image": budget.fit(row["image"])} for row in rows]
+    sft_prior(config, answer_rows(fitted, words), model, processor, budget, output_dir)
