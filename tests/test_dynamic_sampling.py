@@ -128,6 +128,22 @@ def test_a_batch_without_signal_stops_refilling_at_the_cap_and_trains_nothing(ti
     assert "the batch for step 1 trains on 0 of 2 groups after 2 extra round(s)" in caplog.text
 
 
+def constant(completions, **kwargs) -> list[float]:
+    return [0.3] * len(completions)  # 0.3 is no sum of powers of two: six of them have a float32 std of ~3e-8
+
+
+def test_a_constant_reward_drops_every_group_whatever_float32_rounding_leaves(tiny_model_dir, tmp_path):
+    """A reward the same for every completion that float32 does not sum exactly ([0.3] * 6): every group dropped,
+    the refills too, as a reward of 1.0 is (issue: kept 8, dropped 0 at the default min_std 0)."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(8), [constant], per_device_train_batch_size=6,
+                           num_generations=6, gradient_accumulation_steps=2, max_steps=1)  # fmt: skip
+    trainer.dynamic_sampling = DynamicSampling(max_rounds=1)
+    trainer.train()
+    log = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert log["dynamic_sampling/kept_groups"] == 0 and log["dynamic_sampling/dropped_groups"] == 4
+    assert log["loss"] == 0
+
+
 def test_extra_prompts_depend_on_seed_step_round_and_rank_only(tiny_model_dir, tmp_path):
     """A resumed run draws the same extra prompts at the same step."""
     trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(8), [no_signal], num_generations=4)

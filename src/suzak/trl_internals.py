@@ -359,16 +359,26 @@ class DynamicSampling:
         return group_std > self.min_std
 
 
+ROUNDOFF = 1e-6  # a group's reward std at most this share of its largest reward is float32 round-off: zero
+
+
 def group_reward_std(rewards_per_func: torch.Tensor, weights: torch.Tensor, size: int) -> torch.Tensor:
     """Each group's std of the weighted reward, over the completions some reward scored (TRL's own reward sum; NaN
-    for a group with fewer than two scored completions).
+    for a group with fewer than two scored completions). A std within float32 round-off of the group's rewards
+    (:data:`ROUNDOFF` of its largest magnitude) is 0: six rewards of 0.3 sum to a std of ~3e-8 in float32, which
+    no ``dynamic_sampling_min_std`` (default 0) would drop otherwise (only sums of powers of two are exact).
 
     >>> group_reward_std(torch.tensor([[1.0], [1.0], [0.0], [1.0]]), torch.tensor([1.0]), 2).tolist()
     [0.0, 0.7071067690849304]
+    >>> group_reward_std(torch.full((6, 1), 0.3), torch.tensor([1.0]), 6).tolist()
+    [0.0]
     """
     rewards = (rewards_per_func * weights.to(rewards_per_func.device)[None]).nansum(dim=1)
     rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-    return nanstd(rewards.view(-1, size), dim=1)
+    groups = rewards.view(-1, size)
+    std = nanstd(groups, dim=1)
+    scale = groups.abs().nan_to_num(nan=0.0).amax(dim=1)
+    return torch.where(std <= ROUNDOFF * scale, torch.zeros_like(std), std)
 
 
 # How each 2-D field of TRL's scored batch is padded when batches of different widths are merged (prompt fields on
