@@ -114,6 +114,16 @@ def test_resolve_tools_takes_zoom_functions_and_one_environment():
             resolve_tools(names, budget)
 
 
+def test_every_vision_family_has_a_call_form():
+    """Every family suzak sizes images for can call tools, its MoE variant as its family (issue: Qwen3-VL-MoE
+    stopped after its weights loaded with tools: [zoom])."""
+    from suzak.media import vision
+    from suzak.models.tool_calling import CALL_FORMS
+
+    assert set(vision.FAMILIES) <= set(CALL_FORMS)
+    assert CALL_FORMS["qwen3_vl_moe"] == CALL_FORMS["qwen3_vl"] and CALL_FORMS["qwen3_5_moe"] == CALL_FORMS["qwen3_5"]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_renders_and_parses_a_zoom_call(family, family_model_dir):
     """Each family's tool template (suzak's for Qwen2-VL / Qwen2.5-VL, the native one for Qwen3-VL and Qwen3.5)

@@ -34,8 +34,9 @@ TEMPLATES_DIR = Path(__file__).with_name("chat_templates")
 # Families whose checkpoints' templates cannot render tools: the template suzak gives them.
 TOOL_TEMPLATES = {"qwen2_vl": "qwen2_vl_tools", "qwen2_5_vl": "qwen2_vl_tools"}
 # model_type -> how the model writes a call (the parser TRL reads it with).
-CALL_FORMS = {"qwen2_vl": "json", "qwen2_5_vl": "json", "qwen3_vl": "json", "qwen3_5": "xml", "qwen3_5_moe": "xml",
-              "qwen2": "json", "qwen3": "json"}  # fmt: skip
+# Every vision-language family suzak sizes (suzak.media.vision.FAMILIES) has one; an MoE variant writes as its family.
+CALL_FORMS = {"qwen2_vl": "json", "qwen2_5_vl": "json", "qwen3_vl": "json", "qwen3_vl_moe": "json", "qwen3_5": "xml",
+              "qwen3_5_moe": "xml", "qwen2": "json", "qwen3": "json"}  # fmt: skip
 
 
 def tool_template(family: str) -> str:
