@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import last_trainer_state, run_ok
+from suzak import SuzakError
 from suzak.scoring.rewards import REWARDS
 from suzak.sft import sft_completion
 
@@ -153,3 +154,16 @@ def test_every_recipe_parses(recipe):
     suzak_args, args, model = parse(["--config", str(ROOT / "recipes" / recipe)])
     assert model.model_name_or_path and suzak_args.rewards
     assert suzak_args.eval_rows == 0 or args.eval_steps  # an eval sample needs a cadence
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--tools", "zoom"], "tools"),
+    (["--tool_max_pixels", "50176"], "tool_max_pixels"),
+    (["--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2"], "dynamic_sampling, dynamic_sampling_max_rounds"),
+])  # fmt: skip
+def test_sft_refuses_grpo_only_settings_in_one_line(flags, named):
+    """Tools and dynamic sampling shape GRPO's rollouts; SFT has none, and said nothing of them before (issue 51)."""
+    from suzak.training.configs import parse_sft_args
+
+    with pytest.raises(SuzakError, match=rf"^{named}: GRPO settings .* that SFT does not use"):
+        parse_sft_args(["--config", str(ROOT / "recipes" / "sft_smoke.yaml"), *flags])

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from suzak import SuzakError
@@ -630,8 +630,21 @@ def parse_args(argv: list[str] | None = None):
     return _parse(GRPOConfig, argv)
 
 
+# suzak's settings only GRPO reads (rollouts): SFT refuses them rather than train as if they were not there
+GRPO_ONLY = ("tools", "tool_max_pixels", "tool_max_visual_tokens", "dynamic_sampling", "dynamic_sampling_min_std",
+             "dynamic_sampling_max_rounds")  # fmt: skip
+
+
 def parse_sft_args(argv: list[str] | None = None):
-    """(SuzakArguments, SFTConfig, ModelConfig), the same way as :func:`parse_args`."""
+    """(SuzakArguments, SFTConfig, ModelConfig), the same way as :func:`parse_args`; the settings of
+    :data:`GRPO_ONLY` (rollouts: tools, dynamic sampling) set away from their defaults stop it in one line."""
     from trl import SFTConfig
 
-    return _parse(SFTConfig, argv)
+    suzak_args, config, model_args = _parse(SFTConfig, argv)
+    defaults = SuzakArguments.__dataclass_fields__
+    grpo = [name for name in GRPO_ONLY if getattr(suzak_args, name) != (
+        defaults[name].default_factory() if defaults[name].default_factory is not MISSING else defaults[name].default)]  # fmt: skip
+    if grpo:
+        raise SuzakError(f"{', '.join(grpo)}: GRPO settings (suzak.train's rollouts) that SFT does not use; remove "
+                         "them from the recipe or the flags")  # fmt: skip
+    return suzak_args, config, model_args
