@@ -152,8 +152,22 @@ def test_extra_prompts_depend_on_seed_step_round_and_rank_only(tiny_model_dir, t
     assert len(first) == 8 and first[:4] == [first[0]] * 4 and first[4:] == [first[4]] * 4 and first[0] != first[4]
     draws = {tuple(key_of(row["solution"]) for row in trainer.extra_prompts(2, extra)) for extra in range(1, 9)}
     assert len(draws) > 1
-    trainer.state.global_step = 5
-    assert [key_of(row["solution"]) for row in trainer.extra_prompts(2, 1)] != first or len(draws) == 1
+    by_step = set()
+    for step in range(1, 6):
+        trainer.state.global_step = step
+        by_step.add(tuple(key_of(row["solution"]) for row in trainer.extra_prompts(2, 1)))
+    assert len(by_step) > 1
+
+
+def test_two_generations_in_one_step_refill_from_different_rows(tiny_model_dir, tmp_path):
+    """steps_per_generation 1 under gradient_accumulation_steps 2: two generations a step, each refilled with rows
+    of its own (issue 51: both drew the seed (seed, step, round, rank) and so the same rows)."""
+    trainer, seen = spied_trainer(tiny_model_dir, tmp_path, no_signal, max_rounds=3, max_steps=1,
+                                  steps_per_generation=1)  # fmt: skip
+    trainer.train()
+    first, second = generations(seen)
+    assert len(first) == len(second) == 4  # one group a generation, three refills each (nothing has a signal)
+    assert [keys for keys, _ in first[1:]] != [keys for keys, _ in second[1:]]
 
 
 def test_a_rank_batch_of_part_groups_stops_before_step_1(tiny_model_dir, tmp_path):

@@ -495,3 +495,11 @@ def test_tokenize_prompts_reads_the_rows_environments_and_returns_ids_images_and
         'multimodal_fields = {k: v for k, v in tokenized.items() if k not in ("input_ids", "attention_mask")}' in source
     )
     assert "return prompt_ids, images, multimodal_fields" in source
+
+
+def test_step_counts_training_step_calls_and_picks_the_buffered_batch():
+    """Dynamic sampling's refill seed reads ``_step`` (micro-steps so far) to tell apart the generations of one
+    optimizer step (:meth:`suzak.trl_internals.GRPOHooks.extra_prompts`)."""
+    assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step)
+    source = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "self._step % generate_every == 0" in source and "self._step % self.args.steps_per_generation" in source

@@ -1004,9 +1004,14 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
     def extra_prompts(self, groups: int, extra: int) -> list[dict[str, Any]]:
         """``groups`` rows of the training set drawn for an extra round of dynamic sampling, each ``num_generations``
-        times: drawn from the seed, the step, the round and the rank, so a resumed run draws the same."""
+        times: drawn from the seed, the step, the generation within the step, the round and the rank, so a resumed
+        run draws the same. A step may hold several generations (``steps_per_generation × num_iterations`` below
+        ``gradient_accumulation_steps``): TRL's micro-step counter ``_step`` (0 at a step's start, also after a
+        resume) tells them apart, or each would draw the same refill rows."""
         dataset = self.train_dataset
-        seed = [self.args.seed, self.state.global_step, extra, self.accelerator.process_index]
+        accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        within = self._step % accumulation  # TRL's count of training_step calls (tests/test_trl_contract.py)
+        seed = [self.args.seed, self.state.global_step, within, extra, self.accelerator.process_index]
         picks = np.random.default_rng(seed).choice(len(dataset), size=groups, replace=len(dataset) < groups)
         return [dict(row) for row in (dataset[int(i)] for i in picks) for _ in range(self.num_generations)]
 
