@@ -144,6 +144,35 @@ def test_a_constant_reward_drops_every_group_whatever_float32_rounding_leaves(ti
     assert log["loss"] == 0
 
 
+def test_a_step_without_a_kept_group_leaves_weights_and_optimizer_state_as_they_were(tiny_model_dir, tmp_path):
+    """Step 1 trains (a reward with signal), step 2 keeps no group: AdamW's momentum and weight decay would still
+    move every weight at a zero loss (issue 51, item 6); the step is skipped and counted instead."""
+    from transformers import TrainerCallback
+
+    calls = []
+
+    def signal_once(completions, **kwargs) -> list[float]:
+        calls.append(1)
+        return [float(len(completion_text(c))) for c in completions] if len(calls) == 1 else [1.0] * len(completions)
+
+    class AfterStep1(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                kept["weights"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+                kept["state"] = {k: v["exp_avg"].clone() for k, v in trainer.optimizer.state.items()}
+
+    kept = {}
+    trainer, _ = spied_trainer(tiny_model_dir, tmp_path, signal_once, max_rounds=0, max_steps=2, weight_decay=0.1)
+    trainer.add_callback(AfterStep1())
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["dynamic_sampling/kept_groups"] for entry in logs] == [2, 0]
+    assert [entry["dynamic_sampling/skipped_steps"] for entry in logs] == [0, 1]
+    assert any(state.abs().sum() > 0 for state in kept["state"].values())  # step 1 left momentum to apply
+    assert all(torch.equal(kept["weights"][n], p) for n, p in trainer.model.named_parameters())
+    assert all(torch.equal(kept["state"][k], v["exp_avg"]) for k, v in trainer.optimizer.state.items())
+
+
 def test_extra_prompts_depend_on_seed_step_round_and_rank_only(tiny_model_dir, tmp_path):
     """A resumed run draws the same extra prompts at the same step."""
     trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(8), [no_signal], num_generations=4)

@@ -32,6 +32,7 @@ def _params(function) -> list[str]:
             ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"],
         ),
         ("_calculate_rewards", ["self"]),  # bench/bench_grpo_speed.py times scoring here
+        ("_prepare_inputs", ["self", "generation_batch"]),  # dynamic sampling: which steps train on a kept group
     ],
 )
 def test_grpo_trainer_hooks(method, leading):

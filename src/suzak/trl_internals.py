@@ -949,6 +949,9 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._group_std = torch.zeros(0)  # the last scored batch's reward std per group, over ranks
         self._generated_tokens = 0  # completion tokens the last generation sampled, over ranks
         self._short_batches = 0
+        self._generation_trains = True  # the last generation batch kept a group on some rank (dynamic sampling)
+        self._step_trains = False  # some micro-batch of the current optimizer step came from such a batch
+        self.skipped_empty_steps = 0  # optimizer steps skipped: dynamic sampling kept no group for them
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -988,6 +991,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         trained = int(held.clamp(max=groups).sum())
+        self._generation_trains = trained > 0  # alike on every rank (held is gathered)
         short = held.numel() * groups - trained
         metrics = self._metrics["train"]
         for name, value in (("kept_groups", trained), ("dropped_groups", dropped), ("extra_rounds", extra)):
@@ -1001,6 +1005,25 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
                        trained, trained + short, extra, short)  # fmt: skip
             self._short_batches += 1
         return output
+
+    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
+        inputs = super()._prepare_inputs(generation_batch)  # a slice of the last generation batch, in training
+        if self.model.training:
+            self._step_trains |= self._generation_trains
+        return inputs
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """Dynamic sampling that kept no group on any rank for any micro-batch of this optimizer step leaves a zero
+        loss; TRL would still step the optimizer, and AdamW's momentum and weight decay would move the weights. The
+        gradients are dropped instead, so the optimizer leaves every weight and its state as they were (counted in
+        ``dynamic_sampling/skipped_steps``; the learning-rate schedule still counts the step, as global_step does).
+        Under DeepSpeed the engine has stepped already (docs/reliability.md)."""
+        norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        trains, self._step_trains = self._step_trains, False
+        if self.dynamic_sampling is not None and not trains and not self.is_deepspeed_enabled:
+            model.zero_grad(set_to_none=True)  # the optimizer skips parameters without a gradient
+            self.skipped_empty_steps += 1
+        return norm
 
     def extra_prompts(self, groups: int, extra: int) -> list[dict[str, Any]]:
         """``groups`` rows of the training set drawn for an extra round of dynamic sampling, each ``num_generations``
@@ -1203,6 +1226,8 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         rejects VLM prompts, whose content parts differ in shape, and TRL's parquet copy of the table fails on a
         multi-turn completion (pyarrow: "cannot mix list and non-list"). TRL's image column already holds each
         rollout's tool images (the zoom's crops) after its prompt's."""
+        if self.dynamic_sampling is not None and "loss" in logs:
+            logs["dynamic_sampling/skipped_steps"] = self.skipped_empty_steps
         if not self.log_completions:
             return super().log(logs, start_time)
         prompts, completions = self._logs["prompt"], self._logs["completion"]
