@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 
+from conftest import ROOT
 from suzak import SuzakError
 from suzak.scoring.parsing import completion_text
 from suzak.trl_internals import DynamicSampling, merge_scored_rows
@@ -208,6 +209,21 @@ def test_a_rank_batch_of_part_groups_stops_before_step_1(tiny_model_dir, tmp_pat
     with pytest.raises(SuzakError, match=r"per_device_train_batch_size x steps_per_generation \(2\) must be a "
                                          r"multiple of num_generations \(4\)"):  # fmt: skip
         trainer.check_dynamic_sampling()
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--scale_rewards", "batch"], "dynamic_sampling with scale_rewards batch: each generation round"),
+    (["--multi_objective_aggregation", "normalize_then_sum"], "dynamic_sampling with multi_objective_aggregation"),
+])  # fmt: skip
+def test_advantages_scaled_over_the_whole_batch_stop_dynamic_sampling_before_the_model_loads(flags, said):
+    """Each round's advantages stay as TRL computed them on its own batch (issue 51, item 5): a batch-wide std there
+    counts the groups dynamic sampling drops, so those settings are refused, not trained mis-scaled."""
+    from suzak.training.configs import parse_args
+
+    base = ["--config", str(ROOT / "recipes" / "smoke.yaml"), "--dynamic_sampling", "true"]
+    with pytest.raises(SuzakError, match=f"^{re.escape(said)}"):
+        parse_args([*base, *flags])
+    parse_args([*base, "--scale_rewards", "none"])  # per group: merged as scored
 
 
 @pytest.mark.parametrize(("flag", "value", "said"), [

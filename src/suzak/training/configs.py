@@ -497,10 +497,27 @@ def _parse(config_class, argv: list[str] | None):
     _check_vllm_server(config)
     _check_quantization(suzak_args, config, model_args)
     _check_tools(suzak_args, config)
+    _check_dynamic_sampling(suzak_args, config)
     if suzak_args.on_nonfinite == "skip" and config.deepspeed:
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
     return suzak_args, config, model_args
+
+
+def _check_dynamic_sampling(suzak_args: SuzakArguments, config) -> None:
+    """Dynamic sampling keeps each round's advantages as TRL computed them on that round's batch: right where they
+    are per group (scale_rewards group or none, sum_then_normalize), wrong where a batch-wide std scales them (its
+    dropped groups included): those settings stop here, before the model loads."""
+    if not suzak_args.dynamic_sampling:
+        return
+    if getattr(config, "scale_rewards", "group") == "batch":
+        raise SuzakError("dynamic_sampling with scale_rewards batch: each generation round would scale its advantages "
+                         "by its own batch's std, dropped groups included, not the kept batch's; use scale_rewards "
+                         "group (DAPO's) or none")  # fmt: skip
+    if getattr(config, "multi_objective_aggregation", None) == "normalize_then_sum":
+        raise SuzakError("dynamic_sampling with multi_objective_aggregation normalize_then_sum: each generation round "
+                         "would normalize its summed rewards over its own batch, dropped groups included, not the "
+                         "kept batch; use sum_then_normalize (the default)")  # fmt: skip
 
 
 def _check_tools(suzak_args: SuzakArguments, config) -> None:
