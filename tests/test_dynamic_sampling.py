@@ -269,6 +269,23 @@ def test_merging_rounds_pads_each_field_on_its_side_and_keeps_rows_whole():
     assert merged["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 2]] and "num_items_in_batch" not in merged
 
 
+def test_merging_a_round_without_images_or_videos_fills_its_rows_fields_empty():
+    """A refill round of text-only rows (no image fields at all) beside an image round, and a round without the
+    clips' field beside one with it: every row keeps its own media, the others none (issue 51: the merge refused)."""
+    from suzak.trl_internals import VIDEO_FIELDS
+
+    images = _scored(3, 2, 2, start=100) | {VIDEO_FIELDS: [None, {"pixel_values_videos": torch.ones(2, 3)}]}
+    text = {name: value for name, value in _scored(4, 2, 2, start=200).items()
+            if name not in ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")}  # fmt: skip
+    merged = merge_scored_rows([images, text], [(1, 0), (0, 0), (1, 1), (0, 1)], masked=[], pad_id=-1)
+    assert merged["num_images"] == [0, 1, 0, 1] and merged["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 2]]
+    assert merged["pixel_values"][:, 0].tolist() == [100, 103, 106, 109, 112, 115, 118, 121]  # rows 0 and 1 of images
+    assert merged["mm_token_type_ids"].shape == (4, 6) and merged["mm_token_type_ids"][0].tolist() == [0] * 6
+    assert merged[VIDEO_FIELDS][:3] == [None, None, None] and merged[VIDEO_FIELDS][3] is not None
+    alone = merge_scored_rows([images, text], [(1, 0), (0, 0)], masked=[], pad_id=-1)
+    assert VIDEO_FIELDS not in alone  # no kept row with a clip: a batch without video
+
+
 def test_merging_a_field_it_does_not_know_stops_by_name():
     batch = _scored(3, 3, 2, start=0) | {"spatial_shapes": torch.ones(2, 2)}
     with pytest.raises(SuzakError, match=r"cannot merge TRL's scored-batch field\(s\) \['spatial_shapes'\]"):

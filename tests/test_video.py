@@ -290,6 +290,37 @@ def test_a_dataset_mixing_image_rows_and_video_rows_trains_each_row_on_its_own_m
     assert any(not torch.equal(visual[n], p) for n, p in trainer.model.named_parameters() if "visual" in n)
 
 
+def test_dynamic_sampling_refills_a_dataset_mixing_image_rows_and_video_rows(tiny_model_dir, tmp_path):
+    """Dynamic sampling on image and video rows (issue 51's reproduction: a refill round without a video row
+    stopped step 1 with "generation rounds returned different fields"): rounds with and without clips merge, each
+    kept row trains on its own media, three steps."""
+    from suzak.trl_internals import VIDEO_FIELDS, DynamicSampling
+
+    def video_signal(completions, solution, **kwargs) -> list[float]:  # a signal on the video rows only
+        return [float(len(completion_text(c))) if s in ("left", "right") else 1.0
+                for c, s in zip(completions, solution, strict=True)]  # fmt: skip
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=6, max_steps=3, learning_rate=1e-3, bf16=False, use_cpu=True,
+                      report_to="none", logging_steps=1, save_strategy="no", seed=0, beta=0.0)  # fmt: skip
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(tiny_model_dir)), args)
+    trainer = VLMGRPOTrainer(model=model, reward_funcs=[video_signal], args=args, train_dataset=mixed_media(8),
+                             processing_class=processor, pixel_budget=PixelBudget(3136, 50176), video_budget=BUDGET)  # fmt: skip
+    trainer.dynamic_sampling = DynamicSampling(max_rounds=3)
+    rounds, one_round = [], trainer._generate_and_score_round
+
+    def spy(inputs):
+        output = one_round(inputs)
+        rounds.append(VIDEO_FIELDS in output)
+        return output
+
+    trainer._generate_and_score_round = spy
+    trainer.train()
+    assert True in rounds and False in rounds  # rounds with and without a clip were merged
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 3 and sum(entry["dynamic_sampling/kept_groups"] for entry in logs) > 0
+
+
 def test_a_row_with_images_and_a_video_is_one_line(tiny_model_dir, tmp_path):
     from datasets import Dataset
 

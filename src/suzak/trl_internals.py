@@ -415,15 +415,16 @@ def merge_scored_rows(batches: list[dict[str, Any]], rows: list[tuple[int, int]]
     the loss (``completion_mask`` 0, as TRL's ``mask_truncated_completions`` does). ``num_items_in_batch`` is left
     to the caller (a sum over ranks).
     """
-    names = list(batches[0])
-    for batch in batches[1:]:
-        if list(batch) != names:
-            raise SuzakError(f"dynamic sampling: generation rounds returned different fields ({sorted(names)} and "
-                             f"{sorted(batch)}): a dataset mixing rows with and without images cannot be merged")  # fmt: skip
+    names = list(dict.fromkeys(name for batch in batches for name in batch))  # every round's, first seen first
     known = {*PROMPT_FIELDS, *COMPLETION_FIELDS, *SEQUENCE_FIELDS, *ROW_FIELDS, "num_items_in_batch"}
     if unknown := [name for name in names if name not in known]:
         raise SuzakError(f"dynamic sampling cannot merge TRL's scored-batch field(s) {unknown} (this model's inputs)")
-    split = [split_pixel_values_by_grid(batch) for batch in batches]
+    split = [dict(split_pixel_values_by_grid(batch)) for batch in batches]  # filled below: copies
+    for name in names:  # a round without images (or videos) lacks their fields: its rows get empty ones
+        like = next(batch[name] for batch in split if name in batch)
+        for batch in split:
+            if name not in batch:
+                batch[name] = _absent(name, like, batch)
     prompt = max(batch["prompt_ids"].size(1) for batch in batches)
     completion = max(batch["completion_ids"].size(1) for batch in batches)
     merged: dict[str, Any] = {}
@@ -439,7 +440,27 @@ def merge_scored_rows(batches: list[dict[str, Any]], rows: list[tuple[int, int]]
         merged["completion_mask"] = merged["completion_mask"].index_fill(0, index, 0)
         if "tool_mask" in merged:
             merged["tool_mask"] = merged["tool_mask"].index_fill(0, index, 0)
+    if VIDEO_FIELDS in merged and all(video is None for video in merged[VIDEO_FIELDS]):
+        del merged[VIDEO_FIELDS]  # kept rows without a video: a batch without video, as the trainer builds it
     return unsplit_pixel_values_by_grid(merged)
+
+
+def _absent(name: str, like: Any, batch: dict[str, Any]) -> Any:
+    """The field ``name`` for the rows of a scored ``batch`` that has none (a round of rows without images, or
+    without videos), shaped as another round's (``like``, split per row where it is a list): no image, no video,
+    zeros for a per-token type field."""
+    rows = batch["prompt_ids"].size(0)
+    if name == "num_images":
+        return [0] * rows
+    if name == VIDEO_FIELDS:
+        return [None] * rows
+    if name in ("pixel_values", "image_grid_thw"):  # split per row: each row's (0, ...) slice
+        return [like[0].new_zeros((0, *like[0].shape[1:])) for _ in range(rows)]
+    if name in SEQUENCE_FIELDS:  # over the prompt and the completion: no vision token
+        width = batch["prompt_ids"].size(1) + batch["completion_ids"].size(1)
+        return like.new_zeros((rows, width))
+    raise SuzakError(f"dynamic sampling: a generation round returned no {name!r} where another did; suzak cannot "
+                     "fill it for that round's rows")  # fmt: skip
 
 
 def sampling_logps(logits: torch.Tensor, *, temperature: float, logit_bias: Mapping | None = None, top_k: int = 0,
