@@ -259,8 +259,12 @@ def test_merging_rounds_pads_each_field_on_its_side_and_keeps_rows_whole():
     assert merged["prompt_ids"].tolist() == [[-1, -1, 200, 201, 202], [105, 106, 107, 108, 109]]  # left-padded
     assert merged["prompt_mask"].tolist() == [[0, 0, 1, 1, 1], [1] * 5]
     assert merged["completion_ids"].tolist() == [[200, 201, 202, 203, 204, 205], [103, 104, 105, -1, -1, -1]]
-    assert merged["completion_mask"].tolist() == [[1] * 6, [0] * 6]  # row 1 masked out of the loss
+    # row 1 masked out of the loss through tool_mask, its attention kept: a masked row's crops keep their positions
+    assert merged["completion_mask"].tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
     assert merged["tool_mask"].tolist() == [[1] * 6, [0] * 6]
+    untooled = [{k: v for k, v in batch.items() if k != "tool_mask"} for batch in (wide, narrow)]
+    plain = merge_scored_rows(untooled, [(1, 0), (0, 1)], masked=[1], pad_id=-1)
+    assert plain["completion_mask"].tolist() == [[1] * 6, [0] * 6]  # no tools, no images in a completion
     assert merged["sampling_per_token_logps"][1].tolist() == [103.0, 104.0, 105.0, 0.0, 0.0, 0.0]
     assert merged["importance_sampling_ratio"].shape == (2, 1)  # one per row: sequence level
     assert merged["mm_token_type_ids"].tolist() == [[0, 0, 1, 1, 1] + [0] * 6, [1] * 5 + [0] * 6]

@@ -140,3 +140,23 @@ def test_the_model_runs_qwens_positions_in_training_and_generation_alike(qwen2_5
     with torch.no_grad():
         logits = [model(**full, position_ids=given).logits for given in (None, ours, theirs)]
     assert torch.allclose(logits[0], logits[1], atol=1e-6) and not torch.allclose(logits[0], logits[2], atol=1e-3)
+
+
+def test_a_row_whose_completion_images_get_no_attention_shifts_the_next_rows_images():
+    """Why dynamic sampling and truncated tool rollouts leave the loss through ``tool_mask``, not ``completion_mask``
+    (:func:`suzak.trl_internals.masked_out_of_the_loss`): positions skip attention-0 tokens, but take image grids
+    from one iterator over the batch, so a row whose crop (in its completion) has no attention leaves that crop's grid
+    to the next row, whose image then gets the crop's layout (here 1x4 merged tokens instead of 2x2)."""
+    row0 = [(TEXT, 1), (IMAGE, 4), (TEXT, 1), (IMAGE, 4), (TEXT, 1)]  # its prompt's image, then a crop it zoomed into
+    row1 = [(TEXT, 1), (IMAGE, 4), (TEXT, 3)]
+    ids0, types0, mask0 = _prompt(*row0)
+    ids1, types1, mask1 = _prompt(*row1, pad=3)  # left-padded to row 0's 11 tokens
+    ids, types, attended = torch.cat([ids0, ids1]), torch.cat([types0, types1]), torch.cat([mask0, mask1])
+    grids = torch.tensor([[1, 4, 4], [1, 2, 8], [1, 4, 4]])  # row 0's image, row 0's crop, row 1's image
+    crop_masked = attended.clone()
+    crop_masked[0, 6:] = 0  # row 0's completion (its crop and the text after it) masked as TRL masks a filler row
+    alone, _ = qwen_rope_index(_model(None), ids1, types1, image_grid_thw=grids[2:], attention_mask=mask1)
+    kept, _ = qwen_rope_index(_model(None), ids, types, image_grid_thw=grids, attention_mask=attended)
+    shifted, _ = qwen_rope_index(_model(None), ids, types, image_grid_thw=grids, attention_mask=crop_masked)
+    assert torch.equal(kept[:, 1], alone[:, 0])
+    assert not torch.equal(shifted[:, 1], alone[:, 0])

@@ -504,3 +504,12 @@ def test_step_counts_training_step_calls_and_picks_the_buffered_batch():
     assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step)
     source = inspect.getsource(GRPOTrainer._prepare_inputs)
     assert "self._step % generate_every == 0" in source and "self._step % self.args.steps_per_generation" in source
+
+
+def test_mask_truncated_completions_is_read_at_call_time_and_zeroes_completion_mask():
+    """Tool rollouts: suzak turns TRL's truncation mask off for the call and masks the loss through ``tool_mask``
+    instead (:func:`suzak.trl_internals.masked_out_of_the_loss`): TRL must read the flag when it scores, and still
+    build the attention mask from ``completion_mask``."""
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "if self.mask_truncated_completions:" in source and "self.eos_token_ids" in source
+    assert "attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)" in source

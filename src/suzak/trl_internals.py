@@ -412,8 +412,10 @@ def merge_scored_rows(batches: list[dict[str, Any]], rows: list[tuple[int, int]]
                       pad_id: int) -> dict[str, Any]:  # fmt: skip
     """One scored batch (``_generate_and_score_completions``' output) of ``rows``, each ``(batch, row)`` of
     ``batches``, padded to common widths; the rows at positions ``masked`` of the result keep no completion token in
-    the loss (``completion_mask`` 0, as TRL's ``mask_truncated_completions`` does). ``num_items_in_batch`` is left
-    to the caller (a sum over ranks).
+    the loss: ``tool_mask`` 0 where the batch has one (tools), else ``completion_mask`` 0. Not the attention of a
+    row whose completion may hold images: the Qwen models' ``get_rope_index`` skips attention-0 tokens but takes
+    image grids from one iterator over the micro-batch, so a masked row's crops would shift every later row's image
+    positions (:func:`masked_out_of_the_loss`). ``num_items_in_batch`` is left to the caller (a sum over ranks).
     """
     names = list(dict.fromkeys(name for batch in batches for name in batch))  # every round's, first seen first
     known = {*PROMPT_FIELDS, *COMPLETION_FIELDS, *SEQUENCE_FIELDS, *ROW_FIELDS, "num_items_in_batch"}
@@ -435,14 +437,33 @@ def merge_scored_rows(batches: list[dict[str, Any]], rows: list[tuple[int, int]]
                           (batch["completion_ids"].size(1), completion), pad_id) for batch in split]  # fmt: skip
         picked = [parts[b][r] for b, r in rows]
         merged[name] = torch.stack(picked) if isinstance(parts[0], torch.Tensor) else picked
-    if masked:
+    if masked:  # out of the loss; with tools through the loss mask only (masked_out_of_the_loss)
         index = torch.tensor(list(masked), device=merged["completion_mask"].device)
-        merged["completion_mask"] = merged["completion_mask"].index_fill(0, index, 0)
-        if "tool_mask" in merged:
-            merged["tool_mask"] = merged["tool_mask"].index_fill(0, index, 0)
+        field = "tool_mask" if "tool_mask" in merged else "completion_mask"
+        merged[field] = merged[field].index_fill(0, index, 0)
     if VIDEO_FIELDS in merged and all(video is None for video in merged[VIDEO_FIELDS]):
         del merged[VIDEO_FIELDS]  # kept rows without a video: a batch without video, as the trainer builds it
     return unsplit_pixel_values_by_grid(merged)
+
+
+def masked_out_of_the_loss(batch: dict[str, Any], eos_ids: Sequence[int], pad_id: int) -> dict[str, Any]:
+    """TRL's ``mask_truncated_completions`` for a scored batch of tool rollouts: a completion that ends in neither EOS
+    nor padding leaves the loss through ``tool_mask``, its attention kept. TRL zeroes ``completion_mask``, from which
+    it builds the attention mask, and the Qwen models' ``get_rope_index`` drops attention-0 tokens while it takes
+    image grids from one iterator over the micro-batch: a truncated row that zoomed would leave its crops' grids
+    unread and shift the image positions of every row after it (a shape error, or silently wrong positions).
+
+    >>> batch = {"completion_ids": torch.tensor([[5, 6, 7], [5, 2, 0]]), "completion_mask": torch.tensor([[1, 1, 1],
+    ...          [1, 1, 0]]), "tool_mask": torch.ones(2, 3, dtype=torch.long)}
+    >>> masked_out_of_the_loss(batch, [2], 0)["tool_mask"].tolist()  # row 0 ran out of tokens; row 1 ended (EOS 2)
+    [[0, 0, 0], [1, 1, 1]]
+    """
+    ids, mask = batch["completion_ids"], batch["completion_mask"]
+    lengths = mask.sum(1)
+    last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    ends = torch.tensor([*eos_ids, pad_id], device=ids.device)
+    truncated = (lengths > 0) & ~torch.isin(last, ends)
+    return {**batch, "tool_mask": batch["tool_mask"] * (~truncated)[:, None].to(batch["tool_mask"].dtype)}
 
 
 def _absent(name: str, like: Any, batch: dict[str, Any]) -> Any:
@@ -1074,11 +1095,21 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         videos = self.video_fields(prepared)
         clips = [clip if isinstance(clip := video_of(row), Clip) else None for row in prepared]
         self._batch_clips = clips if any(clip is not None for clip in clips) else None
+        truncation = bool(self.mask_truncated_completions and self.tools)  # TRL's would zero attention: done below
         try:
+            if truncation:
+                self.mask_truncated_completions = False
             with self._videos(videos):
                 output = super()._generate_and_score_completions(prepared)
         finally:
             self._batch_clips = None
+            if truncation:
+                self.mask_truncated_completions = True
+        if truncation:
+            pad_id = getattr(self.processing_class, "tokenizer", self.processing_class).pad_token_id
+            output = masked_out_of_the_loss(output, self.eos_token_ids, pad_id)
+            loss_mask = output["completion_mask"] * output["tool_mask"]
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         if videos is not None:
             output[VIDEO_FIELDS] = videos
         self._log_tool_problems()
