@@ -353,3 +353,32 @@ def test_train_with_mask_truncated_completions_all_masked(text_model, reward_mod
     run = run_both(text_model(), reward_model, zen(), tmp_path, mask_truncated_completions=True)
     assert all(log["completions/clipped_ratio"] == 1.0 for log in run.trainer.state.log_history if "loss" in log)
     assert not any(run.moved().values())
+
+
+def test_prepare_input_called_with_correct_data(text_model, tmp_path):
+    """TRL's ``test_prepare_input_called_with_correct_data``: ``training_step`` gets each generation batch's rows,
+    every prompt ``num_generations`` times in dataset order, the batch repeated for ``steps_per_generation ×
+    num_iterations`` micro-steps. suzak's rows are TRL's plus ``suzak_row`` (the row's position, which names it in
+    error messages where the dataset has no id column; docs/reliability.md), and no reward function sees it."""
+    from unittest.mock import patch
+
+    seen_by_rewards = []
+
+    def recording_reward(completions, **kwargs) -> list[float]:
+        seen_by_rewards.append(set(kwargs))
+        return length_reward(completions)
+
+    config = {"gradient_accumulation_steps": 3, "steps_per_generation": 4, "num_generations": 4,
+              "per_device_train_batch_size": 6, "num_iterations": 2, "shuffle_dataset": False, "max_steps": 2}  # fmt: skip
+    expected = [{"prompt": prompt} for prompt in TRAIN[:6] for _ in range(4)]
+    for cls in (GRPOTrainer, VLMGRPOTrainer):
+        args = GRPOConfig(output_dir=str(tmp_path / cls.__name__), **(DEFAULTS | config))
+        trainer = cls(model=text_model(), reward_funcs=recording_reward, args=args, train_dataset=zen())
+        with patch.object(cls, "training_step", wraps=trainer.training_step) as step:
+            trainer.train()
+        assert step.call_count == 6  # 2 steps x 3 micro-steps, all from the first generation batch
+        batches = [call.args[1] for call in step.call_args_list]
+        if cls is VLMGRPOTrainer:
+            assert all([row.pop("suzak_row") for row in batch] == [i // 4 for i in range(24)] for batch in batches)
+        assert all(batch == expected for batch in batches)
+    assert seen_by_rewards and all("suzak_row" not in keys for keys in seen_by_rewards)
