@@ -321,6 +321,27 @@ def test_dynamic_sampling_refills_a_dataset_mixing_image_rows_and_video_rows(tin
     assert len(logs) == 3 and sum(entry["dynamic_sampling/kept_groups"] for entry in logs) > 0
 
 
+def test_tools_with_video_rows_stop_before_step_1_in_one_line(tiny_model_dir, tmp_path):
+    """A zoom tool on a dataset with clips crashed at the first tool turn (issue 51: TRL indexes the video tensors
+    by batch row, vLLM's requests by calling row); refused before step 1 until the two can share a batch."""
+    from suzak.media.vision import configure_processor
+    from suzak.models.tool_calling import prepare_tool_calling
+    from suzak.models.tools import resolve_tools
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=128, max_steps=1, bf16=False, use_cpu=True, report_to="none",
+                      save_strategy="no", max_tool_calling_iterations=1)  # fmt: skip
+    model, processor = load_model_and_processor(ModelConfig(model_name_or_path=str(tiny_model_dir)), args)
+    budget = PixelBudget(3136, 50176).for_model(processor)
+    prepare_tool_calling(processor, model.config.model_type)
+    configure_processor(processor, budget)
+    trainer = VLMGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=mixed_media(8),
+                             processing_class=processor, pixel_budget=budget, video_budget=BUDGET,
+                             **resolve_tools(["zoom"], budget).trainer_kwargs())  # fmt: skip
+    with pytest.raises(SuzakError, match=r"^tools with video rows \(4 of 8, first: row 1\)"):
+        trainer.train()
+
+
 def test_a_row_with_images_and_a_video_is_one_line(tiny_model_dir, tmp_path):
     from datasets import Dataset
 

@@ -344,6 +344,13 @@ class VLMGRPOTrainer(GRPOHooks):
             if self.args.vllm_tensor_parallel_size > 1:
                 raise SuzakError("use_vllm with video rows runs with vllm_tensor_parallel_size 1 (each rank's vLLM "
                                  f"gets its own rows' videos), got {self.args.vllm_tensor_parallel_size}")  # fmt: skip
+        if self.tools and VIDEO_COLUMN in dataset.column_names:
+            videos = [i for i, video in enumerate(dataset[VIDEO_COLUMN]) if video is not None]
+            if videos:
+                raise SuzakError(f"tools with video rows ({len(videos)} of {len(dataset)}, first: row {videos[0]}): a "
+                                 "tool turn's images and a clip cannot share a rollout batch yet (TRL indexes the "
+                                 "video tensors by batch row, vLLM's requests by calling row); train the tools on "
+                                 "image rows, or the video rows without tools")  # fmt: skip
         self.check_tool_turns()
         self.check_dynamic_sampling()
         if self.use_vllm and has_images:
