@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -457,3 +458,13 @@ def test_suzak_arguments_docstring_lists_every_field_under_its_heading_in_order(
 
     named = re.findall(r"``(\w+)``", SuzakArguments.__doc__.split("> Parameters", 1)[1])
     assert named == [f.name for f in dataclasses.fields(SuzakArguments)]
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--eval_rows", "8"], "eval_rows needs eval_steps: how often to generate the held-out answers"),
+    (["--eval_rows", "8", "--eval_strategy", "steps", "--eval_steps", "0.25"], "eval_steps 0.25 is a share of the run"),
+])  # fmt: skip
+def test_held_out_rows_without_a_whole_eval_cadence_stop_before_the_model_loads(flags, said):
+    """Checked by the parser, before any weight loads (issue 51: after the weights, and a raw error for a ratio)."""
+    with pytest.raises(SuzakError, match=f"^{re.escape(said)}"):
+        parse_args(["--config", SMOKE, *flags])

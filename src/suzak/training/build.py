@@ -28,6 +28,7 @@ from typing import Any
 from suzak import SuzakError
 from suzak.media.video import VideoBudget
 from suzak.media.vision import PixelBudget
+from suzak.training.configs import check_eval_cadence
 
 __all__ = [
     "SYNTHETIC_DATASETS",
@@ -236,8 +237,7 @@ def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class,
 
     if not heldout:
         return None
-    if not args.eval_steps:
-        raise SuzakError("eval_rows needs eval_steps: how often to generate the held-out answers")
+    check_eval_cadence(len(heldout), args.eval_steps)
     return GenerationEvalCallback(
         heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget, video_budget=video_budget,
         batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,

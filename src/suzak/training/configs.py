@@ -26,7 +26,15 @@ from suzak.media.video import VideoBudgetArguments
 from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, family_factors
 from suzak.scoring.prompts import DEFAULT_TEMPLATE
 
-__all__ = ["SuzakArguments", "closest", "full_argv", "parse_args", "parse_sft_args"]
+__all__ = [
+    "SuzakArguments",
+    "check_eval_cadence",
+    "check_whole_groups",
+    "closest",
+    "full_argv",
+    "parse_args",
+    "parse_sft_args",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -498,10 +506,38 @@ def _parse(config_class, argv: list[str] | None):
     _check_quantization(suzak_args, config, model_args)
     _check_tools(suzak_args, config)
     _check_dynamic_sampling(suzak_args, config)
+    check_eval_cadence(suzak_args.eval_rows, config.eval_steps)
     if suzak_args.on_nonfinite == "skip" and config.deepspeed:
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
     return suzak_args, config, model_args
+
+
+def check_eval_cadence(eval_rows: int, eval_steps: float | None) -> None:
+    """Held-out rows need a whole number of steps between their evaluations (before the model loads; the trainer's
+    builder asks again for callers that skip the parser).
+
+    >>> check_eval_cadence(8, 0.25)
+    Traceback (most recent call last):
+    suzak.SuzakError: eval_steps 0.25 is a share of the run (transformers' ratio); the held-out evaluation of eval_rows needs a whole number of steps: set eval_steps to one
+    """
+    if eval_rows <= 0:
+        return
+    if not eval_steps:
+        raise SuzakError("eval_rows needs eval_steps: how often to generate the held-out answers")
+    if eval_steps != int(eval_steps) or eval_steps < 1:
+        raise SuzakError(f"eval_steps {eval_steps:g} is a share of the run (transformers' ratio); the held-out "
+                         "evaluation of eval_rows needs a whole number of steps: set eval_steps to one")  # fmt: skip
+
+
+def check_whole_groups(per_device_train_batch_size: int, steps_per_generation: int, num_generations: int) -> None:
+    """Dynamic sampling keeps or drops whole groups on each rank: a rank's generation batch must hold whole groups
+    (before the model loads; the trainer asks again for callers that skip the parser)."""
+    rows = per_device_train_batch_size * steps_per_generation
+    if rows % num_generations:
+        raise SuzakError(f"dynamic_sampling keeps or drops whole groups on each rank: per_device_train_batch_size "
+                         f"x steps_per_generation ({rows}) must be a multiple of num_generations "
+                         f"({num_generations})")  # fmt: skip
 
 
 def _check_dynamic_sampling(suzak_args: SuzakArguments, config) -> None:
@@ -510,6 +546,7 @@ def _check_dynamic_sampling(suzak_args: SuzakArguments, config) -> None:
     dropped groups included): those settings stop here, before the model loads."""
     if not suzak_args.dynamic_sampling:
         return
+    check_whole_groups(config.per_device_train_batch_size, config.steps_per_generation, config.num_generations)
     if getattr(config, "scale_rewards", "group") == "batch":
         raise SuzakError("dynamic_sampling with scale_rewards batch: each generation round would scale its advantages "
                          "by its own batch's std, dropped groups included, not the kept batch's; use scale_rewards "

@@ -60,6 +60,7 @@ from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.scoring.prompts import template_opening
 from suzak.scoring.rewards import read_after_opening
 from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
+from suzak.training.configs import check_whole_groups
 from suzak.trl_internals import (
     DynamicSampling,
     GRPOHooks,
@@ -258,11 +259,7 @@ class VLMGRPOTrainer(GRPOHooks):
         sampling = self.dynamic_sampling
         if sampling is None:
             return
-        rows = self.args.per_device_train_batch_size * self.args.steps_per_generation
-        if rows % self.num_generations:
-            raise SuzakError(f"dynamic_sampling keeps or drops whole groups on each rank: per_device_train_batch_size "
-                             f"x steps_per_generation ({rows}) must be a multiple of num_generations "
-                             f"({self.num_generations})")  # fmt: skip
+        check_whole_groups(self.args.per_device_train_batch_size, self.args.steps_per_generation, self.num_generations)
         if not isinstance(self.train_dataset, datasets.Dataset):
             raise SuzakError("dynamic_sampling draws its extra prompts from the training set by index; a streamed "
                              f"dataset ({type(self.train_dataset).__name__}) has none: load it whole")  # fmt: skip
