@@ -347,3 +347,28 @@ def test_eval_items_get_their_question_boxes_in_the_engines_frame():
     for family, expected in (("qwen2_vl", "<|box_start|>(0,0),(500,500)<|box_end|>"), ("qwen3_vl", "[0, 0, 500, 500]")):
         framed = with_box_frames([item], family, PixelBudget(3136, 401408, factor=family_factors()[family]))[0]
         assert framed.prompt[0]["content"][1]["text"] == f"What is in {expected}?" and framed.gold == "a cat"
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_box_on_an_image_past_200_to_1_lands_where_the_padded_image_shows_it(family):
+    """An image past Qwen's 200:1 is padded, centred, before the resize: the frame maps boxes through that padding
+    (issue 51: plain scaling put them off by the padding, and so the zoom's crops too)."""
+    import numpy as np
+    from PIL import Image
+
+    from suzak.media.vision import PixelBudget, family_factors
+
+    budget = PixelBudget(3136, 401408, factor=family_factors()[family])
+    image = Image.new("RGB", (4000, 10), (255, 255, 255))
+    gold = (1000, 2, 2000, 8)
+    image.paste((255, 0, 0), gold)
+    frame = BoxFrame.of(family, 4000, 10, budget)
+    assert frame.pad_y > 0 and frame.pad_x == 0
+    fitted = np.asarray(budget.fit(image)).astype(int)
+    red = np.argwhere((fitted[..., 0] > 200) & (fitted[..., 1] < 80))  # (y, x) of the red pixels after the resize
+    shown = (red[:, 1].min(), red[:, 0].min(), red[:, 1].max() + 1, red[:, 0].max() + 1)
+    x1, y1, x2, y2 = frame.to_model(gold)
+    sx, sy = (1000 / fitted.shape[1], 1000 / fitted.shape[0]) if frame.spec.relative else (1, 1)
+    assert abs(x1 - shown[0] * sx) <= 2 * sx and abs(x2 - shown[2] * sx) <= 2 * sx  # within the resize's blur
+    assert abs(y1 - shown[1] * sy) <= 2 * sy and abs(y2 - shown[3] * sy) <= 2 * sy
+    assert frame.from_model(frame.to_model(gold)) == pytest.approx(gold, abs=max(4000, 10) / 500)

@@ -108,6 +108,10 @@ class BoxFrame:
     height: int
     resized_width: int
     resized_height: int
+    # an image past Qwen's 200:1 is padded, centred, on its short side before the resize (suzak.media.vision.fit_image):
+    # the padding on the left and on top, in original pixels; the model sees the padded image
+    pad_x: int = 0
+    pad_y: int = 0
 
     def __post_init__(self):
         _spec(self.family)
@@ -118,13 +122,24 @@ class BoxFrame:
     @classmethod
     def of(cls, family: str, width: int, height: int, budget: PixelBudget) -> BoxFrame:
         """The frame of a ``width`` x ``height`` image fed to a ``family`` model under ``budget`` (bound to the model's
-        patch factor: :meth:`suzak.media.vision.PixelBudget.for_model`)."""
+        patch factor: :meth:`suzak.media.vision.PixelBudget.for_model`), the ratio padding included.
+
+        >>> frame = BoxFrame.of("qwen3_vl", 4000, 10, PixelBudget(3136, 401408, factor=32))  # 400:1, padded to 200:1
+        >>> frame.pad_y, frame.to_model((0, 0, 4000, 10))  # the image is the middle quarter of the padded height
+        (5, (0, 250, 1000, 750))
+        """
+        from suzak.media.vision import ratio_padded_size
+
         resized_height, resized_width = budget.size(height, width)
-        return cls(family, int(width), int(height), int(resized_width), int(resized_height))
+        padded_height, padded_width = ratio_padded_size(int(height), int(width), budget.min_pixels, budget.max_pixels,
+                                                        factor=budget.factor)  # fmt: skip
+        return cls(family, int(width), int(height), int(resized_width), int(resized_height),
+                   (padded_width - int(width)) // 2, (padded_height - int(height)) // 2)  # fmt: skip
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> BoxFrame:
-        return cls(**{key: values[key] for key in ("family", "width", "height", "resized_width", "resized_height")})
+        sizes = ("family", "width", "height", "resized_width", "resized_height")
+        return cls(**{key: values[key] for key in sizes}, pad_x=values.get("pad_x", 0), pad_y=values.get("pad_y", 0))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,23 +157,25 @@ class BoxFrame:
 
     @property
     def _units(self) -> tuple[float, float]:
-        """Model-frame units per original pixel along x and y."""
+        """Model-frame units per pixel of the padded image along x and y."""
+        width, height = self.width + 2 * self.pad_x, self.height + 2 * self.pad_y
         if self.spec.relative:
-            return 1000 / self.width, 1000 / self.height
-        return self.resized_width / self.width, self.resized_height / self.height
+            return 1000 / width, 1000 / height
+        return self.resized_width / width, self.resized_height / height
 
     def to_model(self, box: Sequence[float]) -> tuple[int, int, int, int]:
         """An original-pixel box in this frame: integers, as the model writes them (clamped to the frame)."""
         (ux, uy), (top_x, top_y) = self._units, self.extent
         x1, y1, x2, y2 = (float(v) for v in box)
-        return (_clamp(round(x1 * ux), top_x), _clamp(round(y1 * uy), top_y), _clamp(round(x2 * ux), top_x),
-                _clamp(round(y2 * uy), top_y))  # fmt: skip
+        px, py = self.pad_x, self.pad_y
+        return (_clamp(round((x1 + px) * ux), top_x), _clamp(round((y1 + py) * uy), top_y),
+                _clamp(round((x2 + px) * ux), top_x), _clamp(round((y2 + py) * uy), top_y))  # fmt: skip
 
     def from_model(self, box: Sequence[float]) -> Box:
         """A model-frame box in original pixels (floats)."""
         ux, uy = self._units
         x1, y1, x2, y2 = (float(v) for v in box)
-        return x1 / ux, y1 / uy, x2 / ux, y2 / uy
+        return x1 / ux - self.pad_x, y1 / uy - self.pad_y, x2 / ux - self.pad_x, y2 / uy - self.pad_y
 
     def in_frame(self, box: Sequence[float]) -> bool:
         """Whether a model-frame box is a real box of this frame: inside it, x1 < x2 and y1 < y2."""
@@ -181,7 +198,7 @@ def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget)
     >>> from PIL import Image
     >>> row = with_box_frame({"image": Image.new("RGB", (640, 480))}, "qwen2_5_vl", PixelBudget(3136, 50176, factor=28))
     >>> row["box_frame"]
-    {'family': 'qwen2_5_vl', 'width': 640, 'height': 480, 'resized_width': 252, 'resized_height': 168}
+    {'family': 'qwen2_5_vl', 'width': 640, 'height': 480, 'resized_width': 252, 'resized_height': 168, 'pad_x': 0, 'pad_y': 0}
     """
     if family not in FRAMES:
         return row
