@@ -114,6 +114,33 @@ def test_dropped_groups_are_refilled_and_kept_groups_reach_the_loss_as_scored(ti
         assert entry["generated_tokens"] == sum(int(batch["completion_mask"].sum()) for _, batch in rounds)
 
 
+def test_the_logged_reward_is_the_kept_batchs_and_every_rounds_is_logged_apart(tiny_model_dir, tmp_path):
+    """TRL logs ``reward`` once per round over all its rows; with dynamic sampling the step's ``reward``,
+    ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/mean`` are the trained groups' (issue 51: they
+    mixed in the dropped rounds), the all-rounds figures under ``dynamic_sampling/all_rounds/``."""
+    calls = []
+
+    def recorded(completions, solution, **kwargs) -> list[float]:
+        values = signal_only_on_some_rows(completions, solution)
+        calls.append([(key_of(s), v) for s, v in zip(solution, values, strict=True)])
+        return values
+
+    recorded.__name__ = "recorded"
+    trainer, seen = spied_trainer(tiny_model_dir, tmp_path, recorded, max_rounds=3, max_steps=2)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    first = 0
+    for entry, rounds in zip(logs, generations(seen), strict=True):
+        scored = [row for call in calls[first : first + len(rounds)] for row in call]
+        first += len(rounds)
+        kept = [value for key, value in scored if key in SIGNAL_KEYS][: 4 * int(entry["dynamic_sampling/kept_groups"])]
+        assert entry["reward"] == pytest.approx(sum(kept) / len(kept), rel=1e-5)
+        assert entry["rewards/recorded/mean"] == pytest.approx(entry["reward"], rel=1e-5)
+        assert entry["frac_reward_zero_std"] == 0  # a kept group has a signal
+        everything = sum(value for _, value in scored) / len(scored)
+        assert entry["dynamic_sampling/all_rounds/reward"] == pytest.approx(everything, rel=1e-5)
+
+
 def test_a_batch_without_signal_stops_refilling_at_the_cap_and_trains_nothing(tiny_model_dir, tmp_path, caplog):
     """The demo's first steps: every group scores alike. The refill ends at dynamic_sampling_max_rounds, the batch
     is all masked (loss 0, no update), and the log says so."""

@@ -359,6 +359,17 @@ class DynamicSampling:
         return group_std > self.min_std
 
 
+def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each completion's reward as TRL sums it (the weighted functions that scored it; NaN where none did).
+
+    >>> weighted_rewards(torch.tensor([[1.0, float("nan")], [float("nan")] * 2]), torch.tensor([0.5, 1.0])).tolist()
+    [0.5, nan]
+    """
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device)[None]).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
 ROUNDOFF = 1e-6  # a group's reward std at most this share of its largest reward is float32 round-off: zero
 
 
@@ -373,9 +384,7 @@ def group_reward_std(rewards_per_func: torch.Tensor, weights: torch.Tensor, size
     >>> group_reward_std(torch.full((6, 1), 0.3), torch.tensor([1.0]), 6).tolist()
     [0.0]
     """
-    rewards = (rewards_per_func * weights.to(rewards_per_func.device)[None]).nansum(dim=1)
-    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-    groups = rewards.view(-1, size)
+    groups = weighted_rewards(rewards_per_func, weights).view(-1, size)
     std = nanstd(groups, dim=1)
     scale = groups.abs().nan_to_num(nan=0.0).amax(dim=1)
     return torch.where(std <= ROUNDOFF * scale, torch.zeros_like(std), std)
@@ -989,6 +998,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._batch_clips: list[Clip | None] | None = None  # the rows' clips while TRL generates (vLLM takes them)
         self.dynamic_sampling: DynamicSampling | None = None
         self._group_std = torch.zeros(0)  # the last scored batch's reward std per group, over ranks
+        self._round_rewards = torch.zeros(0)  # the last scored batch's rewards (ranks x rows, functions)
         self._generated_tokens = 0  # completion tokens the last generation sampled, over ranks
         self._short_batches = 0
         self._generation_trains = True  # the last generation batch kept a group on some rank (dynamic sampling)
@@ -1014,11 +1024,15 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         batches, kept, spare = [], [], []  # the rounds' scored batches; (round, group) kept / dropped on this rank
         held = torch.zeros(self.accelerator.num_processes, dtype=torch.long)  # kept groups so far, each rank
         dropped = tokens = 0
+        logged = {key: len(values) for key, values in self._metrics["train"].items()}  # before this batch's rounds
+        signals, round_rewards = [], []  # each round's (ranks, groups) decisions and (ranks x rows, functions) rewards
         for extra in range(sampling.max_rounds + 1):
             batch = inputs if extra == 0 else self.extra_prompts(groups, extra)
             batches.append(self._generate_and_score_round(batch))
             tokens += self._generated_tokens
             signal = sampling.kept(self._group_std.cpu()).view(-1, groups)  # (ranks, groups): alike on every rank
+            signals.append(signal)
+            round_rewards.append(self._round_rewards)
             held += signal.sum(1)
             dropped += int((~signal).sum())
             kept += [(extra, g) for g in range(groups) if signal[rank, g]]
@@ -1036,6 +1050,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._generation_trains = trained > 0  # alike on every rank (held is gathered)
         short = held.numel() * groups - trained
         metrics = self._metrics["train"]
+        self.log_kept_rewards(signals, round_rewards, groups, logged)
         for name, value in (("kept_groups", trained), ("dropped_groups", dropped), ("extra_rounds", extra)):
             metrics[f"dynamic_sampling/{name}"].append(float(value))
         metrics["generated_tokens"].append(float(tokens))  # every round's
@@ -1047,6 +1062,37 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
                        trained, trained + short, extra, short)  # fmt: skip
             self._short_batches += 1
         return output
+
+    def log_kept_rewards(self, signals: list[torch.Tensor], round_rewards: list[torch.Tensor], groups: int,
+                         logged: dict[str, int]) -> None:  # fmt: skip
+        """TRL logged ``reward``, ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/mean|std`` once per
+        round, over every round's rows, dropped groups included. They become the figures of the groups this step
+        trains on, over every rank (each rank's first ``groups`` kept groups, in round order: what the merge keeps);
+        the all-rounds ones move to ``dynamic_sampling/all_rounds/<name>``. A batch that kept no group keeps
+        TRL's."""
+        size = self.num_generations
+        rows = []  # (round, row of the gathered rewards) of every kept completion, every rank
+        for rank in range(signals[0].size(0)):
+            kept = [(r, g) for r, signal in enumerate(signals) for g in range(groups) if signal[rank, g]][:groups]
+            rows += [(r, (rank * groups + g) * size + i) for r, g in kept for i in range(size)]
+        if not rows:
+            return
+        per_func = torch.stack([round_rewards[r][row] for r, row in rows])  # (kept completions, functions)
+        total = weighted_rewards(per_func, self.reward_weights)
+        group_std = nanstd(total.view(-1, size), dim=1)
+        figures = {"reward": torch.nanmean(total).item(), "reward_std": nanstd(total).item(),
+                   "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item()}  # fmt: skip
+        for i, name in enumerate(self.reward_func_names):
+            figures[f"rewards/{name}/mean"] = torch.nanmean(per_func[:, i]).item()
+            figures[f"rewards/{name}/std"] = nanstd(per_func[:, i]).item()
+        metrics = self._metrics["train"]
+        for key, value in figures.items():
+            rounds = metrics[key][logged.get(key, 0) :]
+            if not rounds:
+                continue
+            del metrics[key][logged.get(key, 0) :]
+            metrics[key].append(value)
+            metrics[f"dynamic_sampling/all_rounds/{key}"].append(sum(rounds) / len(rounds))
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         inputs = super()._prepare_inputs(generation_batch)  # a slice of the last generation batch, in training
@@ -1266,6 +1312,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         rewards = self.screen_rewards(rewards, guard)
         if self.dynamic_sampling is not None and self.model.training:  # (ranks x rows, functions) -> group std
             self._group_std = group_reward_std(rewards, self.reward_weights, self.num_generations)
+            self._round_rewards = rewards.detach().cpu()
         return rewards
 
     def _log_completion_extra(self, column: str, values: list):
