@@ -140,3 +140,20 @@ def test_evaluation_checks_images_and_gold_answers_before_any_model_loads(eval_f
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SuzakError, match=r":5: cannot read the gold answer 'many' .*\(1 of 8 items bad"):
         prepare_items(config(), task)
+
+
+@pytest.mark.parametrize(("family", "model_box"), [("qwen2_5_vl", [112, 1, 112, 56]), ("qwen3_vl", [250, 5, 250, 500])])
+def test_a_gold_box_thinner_than_the_model_frames_unit_is_a_bad_row(family, model_box):
+    """A 1-pixel-wide gold box on a 4000-pixel image rounds to x1 == x2 in the model's frame at this budget: no box,
+    so every answer on the row would score 0 (issue 51: validation said nothing). A box the frame can hold passes."""
+    from suzak.media.vision import family_factors
+    from suzak.scoring.rewards import iou
+
+    image = Image.new("RGB", (4000, 1000))
+    rows = [{"image": image, "solution": "[1000, 5, 1001, 500]"}, {"image": image, "solution": "[1000, 5, 1400, 500]"}]
+    budget = PixelBudget(3136, 50176, factor=family_factors()[family])
+    parsers = {"iou": gold_parser(iou)}
+    (problem,) = validate_rows(datasets.Dataset.from_list(rows), budget, parsers, family=family)
+    assert problem.index == 0 and problem.column == "solution"
+    assert problem.reason.startswith(f"gold box [1000.0, 5.0, 1001.0, 500.0] is {model_box} in {family}'s frame")
+    assert validate_rows(datasets.Dataset.from_list(rows), budget, parsers) == []  # without the family: as before

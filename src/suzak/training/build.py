@@ -204,7 +204,7 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs):
     parsers = {getattr(r, "__name__", type(r).__name__): p for r in inputs.rewards if (p := gold_parser(r)) is not None}
     start = time.monotonic()
     with train_args.main_process_first(desc="dataset validation"):  # the other ranks then read datasets' cache
-        problems = validate_rows(dataset, inputs.budget, parsers)
+        problems = validate_rows(dataset, inputs.budget, parsers, family=inputs.family)
     logger.info("validated %d rows (images decoded and fitted, gold answers read by %s) in %.1f s", len(dataset),
                 ", ".join(parsers) or "no reward", time.monotonic() - start)  # fmt: skip
     if not problems:

@@ -291,13 +291,14 @@ class RowProblem:
 
 
 def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable[[str], Any]] | None = None, *,
-                  num_proc: int | None = None) -> list[RowProblem]:  # fmt: skip
+                  num_proc: int | None = None, family: str | None = None) -> list[RowProblem]:  # fmt: skip
     """Every row of a ``datasets.Dataset`` that would fail in training, in index order (empty: all rows are good).
 
     Images are read from the stored bytes or files themselves (not through datasets' decoding, which would raise
     out of the loop): opened, decoded to the last byte (a truncated PNG fails here, not at row 280 of step 40),
     converted to RGB and sized for ``budget`` (what :func:`suzak.media.vision.fit_image` does before resampling). ``gold_parsers`` (reward name -> parser of the gold answer) each read every
-    row's ``solution``. Runs on ``num_proc`` processes (default: every core for large datasets) with a progress bar;
+    row's ``solution``; with the model's ``family``, a gold box must also stay a box in that family's frame at this
+    budget (a thin one can round to x1 == x2 there, and then every answer on the row scores 0). Runs on ``num_proc`` processes (default: every core for large datasets) with a progress bar;
     datasets caches the result, so a second run on the same data costs nothing.
     """
     import datasets
@@ -320,14 +321,15 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
         num_proc = max(1, min(os.cpu_count() or 1, len(raw) // 2000))
     checked = raw.map(
         _row_problem, with_indices=True, remove_columns=columns, num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"budget": budget, "gold_parsers": gold_parsers or {}, "image_columns": images},
+        fn_kwargs={"budget": budget, "gold_parsers": gold_parsers or {}, "image_columns": images, "family": family},
         desc="validating rows",
     )  # fmt: skip
     found = checked.filter(lambda row: bool(row["column"]), desc="collecting bad rows")
     return [RowProblem(r["index"], r["line"], r["column"], r["reason"], r["image_file"]) for r in found]
 
 
-def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict, image_columns: list[str]) -> dict:
+def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict, image_columns: list[str],
+                 family: str | None = None) -> dict:  # fmt: skip
     problem = {"index": index, "line": row.get("line"), "column": "", "reason": "", "image_file": None}
     video = row.get(VIDEO_COLUMN)
     if video is not None or not image_columns:  # a video row (in a video dataset, or one mixing image and video rows)
@@ -359,20 +361,30 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
                                   f"({error})"}  # fmt: skip
             if value is None:
                 return problem | {"column": "solution", "reason": f"{name} cannot read the gold answer {gold!r:.80}"}
-            if parse is gold_boxes and (reason := _boxes_problem(value, sizes, name)):
+            if parse is gold_boxes and (reason := _boxes_problem(value, sizes, name, family, budget)):
                 return problem | {"column": "solution", "reason": reason}
     return problem
 
 
-def _boxes_problem(boxes: list, sizes: list[tuple[int, int]], reward: str) -> str:
+def _boxes_problem(boxes: list, sizes: list[tuple[int, int]], reward: str, family: str | None = None,
+                   budget: PixelBudget | None = None) -> str:  # fmt: skip
     """Why a grounding row's gold boxes (original pixels) cannot be trained on ('' when they can): the row needs one
-    image, and each box must lie inside it with x1 < x2 and y1 < y2 (:func:`suzak.media.boxes.box_problem`)."""
+    image, and each box must lie inside it with x1 < x2 and y1 < y2 (:func:`suzak.media.boxes.box_problem`); with a
+    model ``family`` that has a box frame, still a box once rounded into that frame at ``budget``."""
+    from suzak.media.boxes import FRAMES, BoxFrame
+
     if len(sizes) != 1:
         return f"{reward} reads boxes on one image, and the row has {len(sizes)}"
     width, height = sizes[0]
+    frame = BoxFrame.of(family, width, height, budget) if family in FRAMES and budget is not None else None
     for box in boxes:
         if reason := box_problem(list(box), width, height):
             return f"gold box {[round(v, 2) for v in box]}: {reason} ({reward} reads boxes in original-image pixels)"
+        if frame is not None and not frame.in_frame(model := frame.to_model(box)):
+            return (
+                f"gold box {[round(v, 2) for v in box]} is {list(model)} in {family}'s frame at this pixel budget, "
+                f"no box at all: every answer on this row would score 0 (a box thinner than the frame's unit)"
+            )
     return ""
 
 
