@@ -117,7 +117,8 @@ def test_dropped_groups_are_refilled_and_kept_groups_reach_the_loss_as_scored(ti
 def test_the_logged_reward_is_the_kept_batchs_and_every_rounds_is_logged_apart(tiny_model_dir, tmp_path):
     """TRL logs ``reward`` once per round over all its rows; with dynamic sampling the step's ``reward``,
     ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/mean`` are the trained groups' (issue 51: they
-    mixed in the dropped rounds), the all-rounds figures under ``dynamic_sampling/all_rounds/``."""
+    mixed in the dropped rounds), the all-rounds figures under ``dynamic_sampling/all_rounds/``; completions.csv keeps
+    every round's rows, each marked ``group_signal`` 1 (its group has a signal) or 0 (dropped)."""
     calls = []
 
     def recorded(completions, solution, **kwargs) -> list[float]:
@@ -127,7 +128,11 @@ def test_the_logged_reward_is_the_kept_batchs_and_every_rounds_is_logged_apart(t
 
     recorded.__name__ = "recorded"
     trainer, seen = spied_trainer(tiny_model_dir, tmp_path, recorded, max_rounds=3, max_steps=2)
+    csv_rows = []
+    trainer.completion_listeners.append(csv_rows.extend)  # completions.csv's rows: every round's, marked
     trainer.train()
+    assert len(csv_rows) == sum(len(call) for call in calls)
+    assert all(row["group_signal"] == (key_of(row["prompt"]) in SIGNAL_KEYS) for row in csv_rows)
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     first = 0
     for entry, rounds in zip(logs, generations(seen), strict=True):

@@ -1313,6 +1313,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         if self.dynamic_sampling is not None and self.model.training:  # (ranks x rows, functions) -> group std
             self._group_std = group_reward_std(rewards, self.reward_weights, self.num_generations)
             self._round_rewards = rewards.detach().cpu()
+            # completions.csv's group_signal: 1 where the row's group has a reward signal (kept, unless the batch
+            # already had its groups), 0 where dynamic sampling drops it; this rank's rows, in order
+            signal = self.dynamic_sampling.kept(self._group_std.cpu()).repeat_interleave(self.num_generations)
+            start = self.accelerator.process_index * len(inputs)
+            self._log_completion_extra("group_signal", [int(v) for v in signal[start : start + len(inputs)]])
         return rewards
 
     def _log_completion_extra(self, column: str, values: list):
