@@ -414,7 +414,7 @@ def test_unknown_family_from_the_command_line(tmp_path, run_env):
 
 def test_processor_of_another_patch_grid_is_one_line(family_model_dir, tmp_path):
     """A Qwen3-VL folder whose processor config says 14-pixel patches: its images would be fitted to the
-    wrong grid, so loading stops."""
+    wrong grid, so loading stops, before any weight loads (issue 51: after them)."""
     from trl import ModelConfig
 
     from suzak.models.loading import load_model_and_processor
@@ -424,7 +424,14 @@ def test_processor_of_another_patch_grid_is_one_line(family_model_dir, tmp_path)
     config = json.loads((folder / "processor_config.json").read_text())
     config["image_processor"]["patch_size"] = 14
     (folder / "processor_config.json").write_text(json.dumps(config))
-    with pytest.raises(SuzakError, match="processor makes 28-pixel visual tokens but the model's vision tower 32"):
+    from transformers import AutoModelForImageTextToText
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights loaded before the processor's patch grid was checked")
+
+    with (pytest.raises(SuzakError, match="processor makes 28-pixel visual tokens but the model's vision tower 32"),
+          pytest.MonkeyPatch.context() as patch):  # fmt: skip
+        patch.setattr(AutoModelForImageTextToText, "from_pretrained", no_weights)
         load_model_and_processor(ModelConfig(model_name_or_path=str(folder)), None)
 
 

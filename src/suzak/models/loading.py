@@ -333,17 +333,17 @@ def load_model_and_processor(model_args, training_args, *, quantize_vision_tower
         kwargs |= {"quantization_config": quantization, "device_map": _device_map(training_args)}
     if is_vlm:
         use_qwen_video_positions()
-    with offline_unless_reachable():
+    with offline_unless_reachable():  # the processor first: its patch grid is checked before any weight loads
         if is_vlm:
-            model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
             processing_class = AutoProcessor.from_pretrained(path, revision=model_args.model_revision)
+            if patch_factor(processing_class) != patch_factor(config):
+                raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual "
+                                 f"tokens but the model's vision tower {patch_factor(config)}-pixel ones (patch size x "
+                                 "merge size): the folder's processor config belongs to another model")  # fmt: skip
+            model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
             processing_class = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
-    if is_vlm and patch_factor(processing_class) != patch_factor(config):
-        raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual tokens "
-                         f"but the model's vision tower {patch_factor(config)}-pixel ones (patch size x merge size): "
-                         "the folder's processor config belongs to another model")  # fmt: skip
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     how = ""
     if quantization is not None:
         bits = "4-bit " + model_args.bnb_4bit_quant_type if model_args.load_in_4bit else "8-bit"
