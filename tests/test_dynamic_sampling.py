@@ -320,6 +320,13 @@ def test_merging_a_round_without_images_or_videos_fills_its_rows_fields_empty():
     assert merged[VIDEO_FIELDS][:3] == [None, None, None] and merged[VIDEO_FIELDS][3] is not None
     alone = merge_scored_rows([images, text], [(1, 0), (0, 0)], masked=[], pad_id=-1)
     assert VIDEO_FIELDS not in alone  # no kept row with a clip: a batch without video
+    # a round with clips: TRL's marks span its prompts before the clips' expansion, narrower than its prompt ids
+    clips = _scored(7, 2, 2, start=300)
+    clips["mm_token_type_ids"] = clips["mm_token_type_ids"][:, 3:]
+    merged = merge_scored_rows([images, clips], [(0, 0), (1, 0)], masked=[], pad_id=-1)
+    assert merged["mm_token_type_ids"].shape == merged["prompt_ids"].shape[:1] + (7 + 2,)  # the ids' full width
+    assert merged["mm_token_type_ids"][1].tolist() == [0, 0, 0] + [1] * 4 + [0, 0]  # right-aligned, as fed
+    assert merged["mm_token_type_ids"][0].tolist() == [0] * 4 + [1] * 3 + [0, 0]
 
 
 def test_merging_a_field_it_does_not_know_stops_by_name():

@@ -413,8 +413,12 @@ def _widened(name: str, value: Any, prompt: tuple[int, int], completion: tuple[i
             return value
         fill = COMPLETION_FIELDS[name]
         return torch.nn.functional.pad(value, (0, right), value=pad_id if fill == "pad" else fill)
-    head = torch.nn.functional.pad(value[:, : prompt[0]], (left, 0))
-    return torch.cat([head, torch.nn.functional.pad(value[:, prompt[0] :], (0, right))], dim=1)
+    # over the prompt and the completion, ending where the ids end: a video round's prompt part is narrower than its
+    # prompt ids (TRL's marks come from prompts whose clips were not expanded; feeding_videos aligns them right), so
+    # the split is the completion's width from the right, and every row ends up the merged ids' full width
+    split = value.size(1) - completion[0]
+    head = torch.nn.functional.pad(value[:, :split], (prompt[1] - split, 0))
+    return torch.cat([head, torch.nn.functional.pad(value[:, split:], (0, right))], dim=1)
 
 
 def merge_scored_rows(batches: list[dict[str, Any]], rows: list[tuple[int, int]], masked: Sequence[int],
