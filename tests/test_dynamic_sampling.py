@@ -112,6 +112,8 @@ def test_dropped_groups_are_refilled_and_kept_groups_reach_the_loss_as_scored(ti
         assert entry["dynamic_sampling/dropped_groups"] == sum(key not in SIGNAL_KEYS for key in groups)
         assert entry["dynamic_sampling/kept_groups"] == min(2, sum(key in SIGNAL_KEYS for key in groups))
         assert entry["generated_tokens"] == sum(int(batch["completion_mask"].sum()) for _, batch in rounds)
+        held = sum(batch["completion_ids"].numel() * 8 + batch["pixel_values"].numel() * 4 for _, batch in rounds)
+        assert entry["dynamic_sampling/rounds_mib"] * 2**20 > held  # every round's tensors, until the merge
 
 
 def test_the_logged_reward_is_the_kept_batchs_and_every_rounds_is_logged_apart(tiny_model_dir, tmp_path):

@@ -479,6 +479,21 @@ def masked_out_of_the_loss(batch: dict[str, Any], eos_ids: Sequence[int], pad_id
     return {**batch, "tool_mask": batch["tool_mask"] * (~truncated)[:, None].to(batch["tool_mask"].dtype)}
 
 
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in ``value`` (a scored batch: tensors, lists and dicts of them).
+
+    >>> _tensor_bytes({"a": torch.zeros(4, dtype=torch.float32), "b": [torch.zeros(2, dtype=torch.int64), None]})
+    32
+    """
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
 def _absent(name: str, like: Any, batch: dict[str, Any]) -> Any:
     """The field ``name`` for the rows of a scored ``batch`` that has none (a round of rows without images, or
     without videos), shaped as another round's (``like``, split per row where it is a list): no image, no video,
@@ -1054,6 +1069,8 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._generation_trains = trained > 0  # alike on every rank (held is gathered)
         short = held.numel() * groups - trained
         metrics = self._metrics["train"]
+        # what the rounds held until the merge (every round's scored tensors, this rank): the memory max_rounds costs
+        metrics["dynamic_sampling/rounds_mib"].append(sum(_tensor_bytes(batch) for batch in batches) / 2**20)
         self.log_kept_rewards(signals, round_rewards, groups, logged)
         for name, value in (("kept_groups", trained), ("dropped_groups", dropped), ("extra_rounds", extra)):
             metrics[f"dynamic_sampling/{name}"].append(float(value))
