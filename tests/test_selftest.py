@@ -404,10 +404,10 @@ def test_zoom_selftest_learns_to_look_where_the_no_tool_control_cannot(tmp_path)
     third, and the held-out accuracy passes the best the control reached (settings and curves: docs/tools.md)."""
     report, _ = run_selftest_command(tmp_path / "zoom.json", ["--task", "zoom", "--seed", "0"],
                                      timeout=1800)  # fmt: skip
-    assert report["task"] == "zoom" and report["passed"] and report["unsuppressed_in_eval"] == []
-    assert report["aligned_accuracy"] >= 0.6 and report["control_accuracy"] <= 0.47
+    assert_passes(report, "zoom")  # the command's bars (0.767 and 0.952 over the last 10 steps on seeds 0 and 1 here)
+    assert report["aligned_accuracy"] >= 0.6 and 0.2 <= report["control_accuracy"] <= 0.47
     best_control = max([*report["detail"]["windows"]["no_tool"], report["detail"]["heldout"]["no_tool"]])
-    assert report["heldout_accuracy"] >= 0.6 > best_control
+    assert report["heldout_accuracy"] >= 0.6 and report["heldout_accuracy"] > best_control
 
 
 @pytest.mark.slow
