@@ -544,7 +544,7 @@ def _check_dynamic_sampling(suzak_args: SuzakArguments, config) -> None:
     """Dynamic sampling keeps each round's advantages as TRL computed them on that round's batch: right where they
     are per group (scale_rewards group or none, sum_then_normalize), wrong where a batch-wide std scales them (its
     dropped groups included): those settings stop here, before the model loads."""
-    if not suzak_args.dynamic_sampling:
+    if not suzak_args.dynamic_sampling or not hasattr(config, "num_generations"):  # SFT refuses it (GRPO_ONLY)
         return
     check_whole_groups(config.per_device_train_batch_size, config.steps_per_generation, config.num_generations)
     if getattr(config, "scale_rewards", "group") == "batch":
