@@ -479,6 +479,16 @@ def masked_out_of_the_loss(batch: dict[str, Any], eos_ids: Sequence[int], pad_id
     return {**batch, "tool_mask": batch["tool_mask"] * (~truncated)[:, None].to(batch["tool_mask"].dtype)}
 
 
+def trained_groups(signals: Sequence[torch.Tensor], rank: int, groups: int) -> list[tuple[int, int]]:
+    """(round, group) of the groups ``rank`` trains on: its first ``groups`` with a signal, in round order, given each
+    round's (ranks, groups) decisions (the merge keeps these; the reward figures are theirs).
+
+    >>> trained_groups([torch.tensor([[False, True]]), torch.tensor([[True, True]])], rank=0, groups=2)
+    [(0, 1), (1, 0)]
+    """
+    return [(r, g) for r, signal in enumerate(signals) for g in range(groups) if signal[rank, g]][:groups]
+
+
 def _tensor_bytes(value: Any) -> int:
     """Bytes of the tensors in ``value`` (a scored batch: tensors, lists and dicts of them).
 
@@ -1040,7 +1050,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         batch has groups (or the cap), merged into one scored batch of the usual size."""
         sampling, size = self.dynamic_sampling, self.num_generations
         groups, rank = len(inputs) // size, self.accelerator.process_index
-        batches, kept, spare = [], [], []  # the rounds' scored batches; (round, group) kept / dropped on this rank
+        batches, spare = [], []  # the rounds' scored batches; (round, group) dropped on this rank
         held = torch.zeros(self.accelerator.num_processes, dtype=torch.long)  # kept groups so far, each rank
         dropped = tokens = 0
         logged = {key: len(values) for key, values in self._metrics["train"].items()}  # before this batch's rounds
@@ -1054,17 +1064,15 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             round_rewards.append(self._round_rewards)
             held += signal.sum(1)
             dropped += int((~signal).sum())
-            kept += [(extra, g) for g in range(groups) if signal[rank, g]]
             spare += [(extra, g) for g in range(groups) if not signal[rank, g]]
             if bool((held >= groups).all()):
                 break
-        picked = kept[:groups]
+        picked = trained_groups(signals, rank, groups)
         filler = spare[len(spare) - (groups - len(picked)) :] if len(picked) < groups else []
         rows = [(b, g * size + i) for b, g in picked + filler for i in range(size)]
         pad_id = getattr(self.processing_class, "tokenizer", self.processing_class).pad_token_id  # TRL's padding
         output = merge_scored_rows(batches, rows, range(len(picked) * size, len(rows)), pad_id)
-        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        output["num_items_in_batch"] = self._loss_tokens(output)
         trained = int(held.clamp(max=groups).sum())
         self._generation_trains = trained > 0  # alike on every rank (held is gathered)
         short = held.numel() * groups - trained
@@ -1084,6 +1092,12 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             self._short_batches += 1
         return output
 
+    def _loss_tokens(self, output: dict[str, Any]) -> torch.Tensor:
+        """Tokens of a scored batch in the loss, over every rank: TRL's ``num_items_in_batch``, recounted where suzak
+        changed the masks (``completion_mask × tool_mask``, as TRL's loss reads them)."""
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        return self.accelerator.gather(loss_mask.sum()).sum()
+
     def log_kept_rewards(self, signals: list[torch.Tensor], round_rewards: list[torch.Tensor], groups: int,
                          logged: dict[str, int]) -> None:  # fmt: skip
         """TRL logged ``reward``, ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/mean|std`` once per
@@ -1094,7 +1108,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         size = self.num_generations
         rows = []  # (round, row of the gathered rewards) of every kept completion, every rank
         for rank in range(signals[0].size(0)):
-            kept = [(r, g) for r, signal in enumerate(signals) for g in range(groups) if signal[rank, g]][:groups]
+            kept = trained_groups(signals, rank, groups)
             rows += [(r, (rank * groups + g) * size + i) for r, g in kept for i in range(size)]
         if not rows:
             return
@@ -1175,8 +1189,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         if truncation:
             pad_id = getattr(self.processing_class, "tokenizer", self.processing_class).pad_token_id
             output = masked_out_of_the_loss(output, self.eos_token_ids, pad_id)
-            loss_mask = output["completion_mask"] * output["tool_mask"]
-            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+            output["num_items_in_batch"] = self._loss_tokens(output)
         if videos is not None:
             output[VIDEO_FIELDS] = videos
         self._log_tool_problems()
