@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import ROOT
 from suzak import SuzakError
 from suzak.media.boxes import BoxFrame
 from suzak.media.vision import PixelBudget
@@ -242,6 +244,53 @@ def test_a_zoom_turn_that_cannot_fit_stops_before_step_1(tiny_model_dir, tmp_pat
     assert fits.tool_turn_length([{"role": "tool", "name": "zoom", "content": [{"type": "image", "image": image}]}]) \
         == fits.tool_turn_length([{"role": "tool", "name": "zoom", "content": [{"type": "image", "image":
             Image.new("RGB", (28, 28))}]}]) + 15  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_tool_turn_is_counted_alike_before_the_weights_load(family, family_model_dir, tmp_path):
+    """suzak.trl_internals.tool_turn_length (the pre-check before any weight loads) counts what the trainer's TRL
+    ``_get_tool_suffix_ids`` counts, for Qwen2.5-VL's prefix-preserving tool template and for Qwen3-VL's, which TRL
+    replaces by its training template."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig
+
+    from suzak.media.vision import configure_processor
+    from suzak.models.tool_calling import prepare_tool_calling
+    from suzak.scoring.rewards import word_match
+    from suzak.selftest import zoom_dataset
+    from suzak.training.trainer import VLMGRPOTrainer
+    from suzak.trl_internals import tool_turn_length
+
+    folder = family_model_dir(family)
+    processor = AutoProcessor.from_pretrained(folder)
+    budget = PixelBudget(784, 50176).for_model(processor)
+    prepare_tool_calling(processor, family)
+    configure_processor(processor, budget)
+    turns = [[{"role": "tool", "name": "zoom", "content": [{"type": "image", "image": Image.new("RGB", size)}]}]
+             for size in [(64, 64), (112, 224), (224, 224)]]  # fmt: skip
+    before = [tool_turn_length(processor, turn, chat_template_kwargs={"enable_thinking": False}) for turn in turns]
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                      chat_template_kwargs={"enable_thinking": False}, report_to="none", use_cpu=True)  # fmt: skip
+    trainer = VLMGRPOTrainer(model=AutoModelForImageTextToText.from_pretrained(folder), reward_funcs=[word_match],
+                             args=args, processing_class=AutoProcessor.from_pretrained(folder),
+                             train_dataset=zoom_dataset(4, 0), pixel_budget=budget,
+                             **resolve_tools(["zoom"], budget.for_crops(12544)).trainer_kwargs())  # fmt: skip
+    assert before == [trainer.tool_turn_length(turn) for turn in turns]
+    assert before[0] < before[1] < before[2]  # the crop's visual tokens are in it
+
+
+def test_suzak_train_stops_on_a_zoom_turn_that_cannot_fit_before_the_weights_load(tmp_path, run_env):
+    """A recipe whose max_completion_length cannot hold one zoom's tool turn stops with one line before any weight
+    loads (issue 51: after the weights, and after vLLM, had loaded)."""
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/zoom_smoke.yaml",
+                             "--max_completion_length", "12", "--output_dir", str(tmp_path / "out")], cwd=ROOT,
+                            env=run_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "loaded " not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: tools: a zoom's tool turn takes up to "), result.stderr
+    assert "max_completion_length 12 holds the whole multi-turn completion" in errors[0]
 
 
 def test_zoom_recipe_trains_through_suzak_train(tmp_path, run_env):

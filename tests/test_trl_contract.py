@@ -9,6 +9,7 @@ tests/test_vllm_colocate.py); these pin the names and signatures so the failure 
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 from trl import GRPOTrainer
@@ -362,6 +363,16 @@ def test_tool_loop_internals_the_zoom_relies_on():
     assert "observation = environment.reset(**reset_kwargs)" in score
     assert 'output["tool_mask"] = tool_mask' in score
     assert _params(GRPOTrainer._get_tool_suffix_ids) == ["self", "tool_messages"]
+    # suzak.trl_internals.tool_turn_length calls it before a trainer exists, on these attributes alone, set as
+    # __init__ sets them for a VLM with tools
+    suffix = inspect.getsource(GRPOTrainer._get_tool_suffix_ids)
+    read = set(re.findall(r"self\.(\w+)", suffix))
+    assert read == {"processing_class", "chat_template", "chat_template_kwargs", "_is_vlm", "_tokenizer"}, read
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert "if self.tools and not is_chat_template_prefix_preserving(processing_class):" in init
+    assert "self.chat_template = get_training_chat_template(processing_class)" in init
+    assert "self._tokenizer = processing_class.tokenizer" in init
+    assert "self.chat_template_kwargs = args.chat_template_kwargs or {}" in init
     loop = inspect.getsource(GRPOTrainer._tool_call_loop)
     assert "logprobs[idx_with_tool] += [0.0] * tool_length + post_tool_logprobs[idx]" in loop
     assert "self._generate_single_turn(" in loop  # tool turns reach vLLM through suzak's placeholder collapse

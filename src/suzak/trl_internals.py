@@ -11,7 +11,8 @@ by name, instead of somewhere in a training run:
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra``, ``_calculate_rewards`` and ``_generate`` (each calls ``super()`` and hands suzak's part
   to a public method of the subclass; ``_generate``'s completion ids and tool masks count the tokens sampled), reads the per-rollout tool ``environments`` and calls ``_get_tool_suffix_ids`` (a tool
-  turn's length, for the pre-check), masks ``tool_mask``'s tool turns out of the stale-sampler guard, calls
+  turn's length, for the pre-check; :func:`tool_turn_length` calls it before the trainer exists, on the attributes it
+  reads: ``processing_class``, ``chat_template``, ``chat_template_kwargs``, ``_is_vlm``, ``_tokenizer``), masks ``tool_mask``'s tool turns out of the stale-sampler guard, calls
   ``_tokenize_prompts`` once per distinct prompt of a batch (with ``environment_factories``, per prompt and
   ``_batch_environments`` entry: :func:`prompt_keys`, :func:`expand_tokenized_prompts`), and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
   through ``chat_template_kwargs``; a batch's rows without images as ``[]`` for the processor, None for vLLM),
@@ -115,6 +116,7 @@ __all__ = [
     "score_labelled_positions_only",
     "tool_call_parser",
     "tool_message",
+    "tool_turn_length",
     "vllm_requests_with_videos",
 ]
 
@@ -624,6 +626,26 @@ def tool_message(name: str, result: Any = None, error: Exception | str | None = 
     if error is not None:
         result = {"error": str(error)}
     return {"role": "tool", "name": name, "content": result if isinstance(result, list) else str(result)}
+
+
+def tool_turn_length(processing_class: Any, tool_messages: list[dict], chat_template_kwargs: dict | None = None) -> int:
+    """What :meth:`GRPOHooks.tool_turn_length` counts, before any trainer or weights exist: TRL's own
+    ``GRPOTrainer._get_tool_suffix_ids`` on the attributes it reads, set as ``GRPOTrainer.__init__`` sets them for a
+    run with tools on a VLM (the processor's template, or TRL's prefix-preserving training template in its place).
+    ``processing_class`` must already render tool calls (:func:`suzak.models.tool_calling.prepare_tool_calling`)."""
+    from types import SimpleNamespace
+
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    preserving = is_chat_template_prefix_preserving(processing_class)
+    reader = SimpleNamespace(
+        processing_class=processing_class,
+        chat_template=None if preserving else get_training_chat_template(processing_class),
+        chat_template_kwargs=chat_template_kwargs or {},
+        _is_vlm=True,
+        _tokenizer=processing_class.tokenizer,
+    )
+    return len(GRPOTrainer._get_tool_suffix_ids(reader, tool_messages))
 
 
 def forget_vision_features_on_sync(generation, main_process: bool) -> None:

@@ -313,14 +313,35 @@ def _device_map(training_args) -> dict[str, int | str]:
     return {"": PartialState().local_process_index}
 
 
-def load_model_and_processor(model_args, training_args, *, quantize_vision_tower: bool = False):
-    """(model, processing_class) for the recipe's ``model_name_or_path``; VLMs get their processor, whose patch grid
-    must be the model's. ``load_in_4bit``/``load_in_8bit`` load it through bitsandbytes (:func:`quantization_config`)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+def load_processor(model_args, *, for_vllm: bool = False):
+    """The processor of the recipe's ``model_name_or_path`` (a VLM's, whose patch grid must be the model's; a text
+    model's tokenizer), read before any weight loads: checks that need the chat template run on it first."""
+    from transformers import AutoProcessor, AutoTokenizer
 
     from suzak.data.hub import offline_unless_reachable
 
-    path, config = _checked_config(model_args, bool(getattr(training_args, "use_vllm", False)))
+    path, config = _checked_config(model_args, for_vllm)
+    with offline_unless_reachable():
+        if getattr(config, "vision_config", None) is None:
+            return AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
+        processing_class = AutoProcessor.from_pretrained(path, revision=model_args.model_revision)
+    if patch_factor(processing_class) != patch_factor(config):
+        raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual "
+                         f"tokens but the model's vision tower {patch_factor(config)}-pixel ones (patch size x "
+                         "merge size): the folder's processor config belongs to another model")  # fmt: skip
+    return processing_class
+
+
+def load_model_and_processor(model_args, training_args, *, quantize_vision_tower: bool = False, processing_class=None):
+    """(model, processing_class) for the recipe's ``model_name_or_path``: the processor first (:func:`load_processor`,
+    or the one given, already read by it), then the weights. ``load_in_4bit``/``load_in_8bit`` load it through
+    bitsandbytes (:func:`quantization_config`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from suzak.data.hub import offline_unless_reachable
+
+    for_vllm = bool(getattr(training_args, "use_vllm", False))
+    path, config = _checked_config(model_args, for_vllm)
     is_vlm = getattr(config, "vision_config", None) is not None
     kwargs = {
         "revision": model_args.model_revision,
@@ -333,16 +354,12 @@ def load_model_and_processor(model_args, training_args, *, quantize_vision_tower
         kwargs |= {"quantization_config": quantization, "device_map": _device_map(training_args)}
     if is_vlm:
         use_qwen_video_positions()
-    with offline_unless_reachable():  # the processor first: its patch grid is checked before any weight loads
+    if processing_class is None:  # the processor first: its patch grid is checked before any weight loads
+        processing_class = load_processor(model_args, for_vllm=for_vllm)
+    with offline_unless_reachable():
         if is_vlm:
-            processing_class = AutoProcessor.from_pretrained(path, revision=model_args.model_revision)
-            if patch_factor(processing_class) != patch_factor(config):
-                raise SuzakError(f"model {path!r}: its processor makes {patch_factor(processing_class)}-pixel visual "
-                                 f"tokens but the model's vision tower {patch_factor(config)}-pixel ones (patch size x "
-                                 "merge size): the folder's processor config belongs to another model")  # fmt: skip
             model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
         else:
-            processing_class = AutoTokenizer.from_pretrained(path, revision=model_args.model_revision)
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     how = ""
     if quantization is not None:

@@ -273,6 +273,32 @@ class ZoomFactory:
     def __call__(self) -> ZoomEnvironment:
         return ZoomEnvironment(self.budget, self.max_visual_tokens)
 
+    def check_turn(self, seen: PixelBudget, turn_length: Callable[[list[dict]], int], limit: int) -> None:
+        """The largest crop's tool turn must fit ``limit`` (``max_completion_length``) with room for an answer (TRL
+        silently drops a tool result that does not fit); the crops must lie within ``seen``, the budget every image
+        is resized to. ``turn_length``: the tokens TRL adds for a list of tool messages
+        (:func:`suzak.trl_internals.tool_turn_length`, before the weights load; the trainer's own after)."""
+        crops = self.budget
+        if not seen.min_pixels <= crops.min_pixels <= crops.max_pixels <= seen.max_pixels:
+            raise SuzakError(f"tools: the zoom's crops ({crops.min_pixels}-{crops.max_pixels} pixels) must lie within "
+                             f"the pixel budget ({seen.min_pixels}-{seen.max_pixels}), whose bounds the processor and "
+                             "vLLM resize every image to")  # fmt: skip
+        factor = crops.factor
+        least = crops.fit(Image.new("RGB", (factor, factor)))  # a tool turn grows by one per visual token of its crop
+        most = crops.max_pixels // (factor * factor)  # the most visual tokens a crop fitted to the budget can have
+        turn = turn_length([{"role": "tool", "name": ZOOM, "content": [{"type": "image", "image": least}]}])
+        turn += most - crops.tokens(least.height, least.width)
+        if turn >= limit:
+            raise SuzakError(f"tools: a zoom's tool turn takes up to {turn} tokens (a crop of up to {most} visual tokens "
+                             f"at tool_max_pixels {crops.max_pixels}) and "
+                             f"max_completion_length {limit} holds the whole multi-turn completion: raise "
+                             f"max_completion_length well above {turn} or lower tool_max_pixels")  # fmt: skip
+        if 2 * turn > limit:
+            logger.warning("tools: a zoom's tool turn takes up to %d of max_completion_length %d tokens, which also "
+                           "hold the calls and the answer; a tool result that does not fit is dropped", turn, limit)  # fmt: skip
+        logger.info("tools: zoom crops fitted to %d-%d pixels (at most %d visual tokens, a tool turn of at most %d "
+                    "tokens of max_completion_length %d)", crops.min_pixels, crops.max_pixels, most, turn, limit)  # fmt: skip
+
 
 def _import_tool(name: str) -> Any:
     module_name, _, attr = name.rpartition(".")

@@ -6,8 +6,9 @@ Each reads in the order a run needs its parts, every part worked out once:
    model's patch grid, the resolved rewards, the prompt template, the model family;
 2. :func:`build_datasets`: the training set and the held-out rows, every row validated against that budget and those
    rewards (one line naming the first bad row, before any weights load; ``skip_bad_rows`` lists and drops them);
-3. :func:`load_policy`, shared by GRPO and SFT: model and processor, the PEFT config and its targets checked, the
-   vision tower frozen when the recipe says so;
+3. the processor (:func:`suzak.models.loading.load_processor`), the zoom's tool turn checked on it
+   (:func:`check_zoom_turn`), then :func:`load_policy`, shared by GRPO and SFT: the weights, the PEFT config and its
+   targets checked, the vision tower frozen when the recipe says so;
 4. the trainer, then the held-out generation eval (:func:`eval_callback`) with the budgets the trainer runs with.
 
 :mod:`suzak.training.session` runs what these return (records, resume, train, save, plots, release).
@@ -35,6 +36,7 @@ __all__ = [
     "RunInputs",
     "add_first",
     "build_datasets",
+    "check_zoom_turn",
     "eval_callback",
     "grpo_trainer",
     "load_policy",
@@ -81,6 +83,7 @@ class RunInputs:
 def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     """The configured :class:`~suzak.training.trainer.VLMGRPOTrainer` of a GRPO recipe (``trainer_kwargs``: more
     of its arguments, ``callbacks`` for one)."""
+    from suzak.models.loading import load_processor
     from suzak.models.tools import resolve_tools
     from suzak.training.trainer import VLMGRPOTrainer
     from suzak.trl_internals import DynamicSampling, SamplerGuard
@@ -89,7 +92,9 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
                             suzak_args.tool_max_visual_tokens)  # fmt: skip
     train_dataset, heldout = build_datasets(suzak_args, grpo_args, inputs)
-    model, processing_class, peft_config = load_policy(suzak_args, grpo_args, model_args)
+    processing_class = load_processor(model_args, for_vllm=grpo_args.use_vllm)
+    check_zoom_turn(toolset, processing_class, inputs, grpo_args)
+    model, processing_class, peft_config = load_policy(suzak_args, grpo_args, model_args, processing_class)
     sampling = None
     if suzak_args.dynamic_sampling:
         sampling = DynamicSampling(suzak_args.dynamic_sampling_min_std, suzak_args.dynamic_sampling_max_rounds)
@@ -144,23 +149,46 @@ def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     return trainer
 
 
-def load_policy(suzak_args, train_args, model_args):
+def load_policy(suzak_args, train_args, model_args, processing_class=None):
     """(model, processing_class, peft_config) for GRPO and SFT alike: the model loaded as the recipe says
-    (:func:`suzak.models.loading.load_model_and_processor`), a LoRA target that matches nothing stopped here
-    (:func:`suzak.models.lora_targets.check_lora_targets`), the vision tower frozen when ``freeze_vision_tower``."""
+    (:func:`suzak.models.loading.load_model_and_processor`; ``processing_class``: its processor, when already read),
+    a LoRA target that matches nothing stopped here (:func:`suzak.models.lora_targets.check_lora_targets`), the
+    vision tower frozen when ``freeze_vision_tower``."""
     from trl import get_peft_config
 
     from suzak.models.loading import freeze_vision_tower, load_model_and_processor
     from suzak.models.lora_targets import check_lora_targets
 
     model, processing_class = load_model_and_processor(
-        model_args, train_args, quantize_vision_tower=suzak_args.quantize_vision_tower
-    )
+        model_args, train_args, quantize_vision_tower=suzak_args.quantize_vision_tower,
+        processing_class=processing_class,
+    )  # fmt: skip
     peft_config = get_peft_config(model_args)
     check_lora_targets(model, peft_config)
     if suzak_args.freeze_vision_tower:
         freeze_vision_tower(model)
     return model, processing_class, peft_config
+
+
+def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> None:
+    """With the zoom: its largest crop's tool turn against ``max_completion_length``, before any weights load
+    (:meth:`suzak.models.tools.ZoomFactory.check_turn`), on the processor as the trainer will render with it: the
+    family's tool template and the pixel budget put in, the tool turn counted by TRL's own code
+    (:func:`suzak.trl_internals.tool_turn_length`)."""
+    from suzak.media.vision import configure_processor
+    from suzak.models.tool_calling import prepare_tool_calling
+    from suzak.models.tools import ZoomFactory
+    from suzak.trl_internals import tool_turn_length
+
+    zoom = toolset.environment_factory
+    if not isinstance(zoom, ZoomFactory):
+        return
+    prepare_tool_calling(processing_class, inputs.family)
+    configure_processor(processing_class, inputs.budget)
+    turn_length = functools.partial(
+        tool_turn_length, processing_class, chat_template_kwargs=grpo_args.chat_template_kwargs
+    )
+    zoom.check_turn(inputs.budget, turn_length, grpo_args.max_completion_length)
 
 
 def build_datasets(suzak_args, train_args, inputs: RunInputs):

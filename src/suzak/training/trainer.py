@@ -36,7 +36,6 @@ from typing import Any
 import datasets
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
-from PIL import Image
 from transformers.trainer_callback import ProgressCallback
 
 from suzak import SuzakError
@@ -226,32 +225,11 @@ class VLMGRPOTrainer(GRPOHooks):
         return {f"{ZOOM}_crops": [json.dumps(getattr(e, "crops", [])) for e in environments]}
 
     def check_tool_turns(self) -> None:
-        """With the zoom: the largest crop's tool turn must fit max_completion_length with room for an answer (TRL
-        silently drops a tool result that does not fit)."""
-        factory = self.zoom_factory
-        if factory is None:
-            return
-        crops, seen = factory.budget, self.pixel_budget
-        if not seen.min_pixels <= crops.min_pixels <= crops.max_pixels <= seen.max_pixels:
-            raise SuzakError(f"tools: the zoom's crops ({crops.min_pixels}-{crops.max_pixels} pixels) must lie within "
-                             f"the pixel budget ({seen.min_pixels}-{seen.max_pixels}), whose bounds the processor and "
-                             "vLLM resize every image to")  # fmt: skip
-        factor = crops.factor
-        least = crops.fit(Image.new("RGB", (factor, factor)))  # a tool turn grows by one per visual token of its crop
-        most = crops.max_pixels // (factor * factor)  # the most visual tokens a crop fitted to the budget can have
-        turn = self.tool_turn_length([{"role": "tool", "name": ZOOM, "content": [{"type": "image", "image": least}]}])
-        turn += most - crops.tokens(least.height, least.width)
-        limit = self.args.max_completion_length
-        if turn >= limit:
-            raise SuzakError(f"tools: a zoom's tool turn takes up to {turn} tokens (a crop of up to {most} visual tokens "
-                             f"at tool_max_pixels {crops.max_pixels}) and "
-                             f"max_completion_length {limit} holds the whole multi-turn completion: raise "
-                             f"max_completion_length well above {turn} or lower tool_max_pixels")  # fmt: skip
-        if 2 * turn > limit:
-            logger.warning("tools: a zoom's tool turn takes up to %d of max_completion_length %d tokens, which also "
-                           "hold the calls and the answer; a tool result that does not fit is dropped", turn, limit)  # fmt: skip
-        logger.info("tools: zoom crops fitted to %d-%d pixels (at most %d visual tokens, a tool turn of at most %d "
-                    "tokens of max_completion_length %d)", crops.min_pixels, crops.max_pixels, most, turn, limit)  # fmt: skip
+        """With the zoom: its largest crop's tool turn against ``max_completion_length``
+        (:meth:`suzak.models.tools.ZoomFactory.check_turn`, with TRL's own count of a tool turn's tokens). ``suzak
+        train`` checks the same before the weights load; this is for a trainer built by hand."""
+        if self.zoom_factory is not None:
+            self.zoom_factory.check_turn(self.pixel_budget, self.tool_turn_length, self.args.max_completion_length)
 
     def check_dynamic_sampling(self) -> None:
         """With dynamic sampling: each rank's generation batch holds whole groups (a rank keeps or drops its own), and
