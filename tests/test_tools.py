@@ -277,6 +277,16 @@ def test_a_tool_turn_is_counted_alike_before_the_weights_load(family, family_mod
                              **resolve_tools(["zoom"], budget.for_crops(12544)).trainer_kwargs())  # fmt: skip
     assert before == [trainer.tool_turn_length(turn) for turn in turns]
     assert before[0] < before[1] < before[2]  # the crop's visual tokens are in it
+    # the trainer renders each distinct turn once (trl_internals.tool_turn_key): another crop of a size seen, or the
+    # same failed call's text, reuses it, and every answer is TRL's own
+    from trl import GRPOTrainer
+
+    noise = np.random.default_rng(0).integers(0, 255, (224, 112, 3), dtype=np.uint8)
+    again = [{"role": "tool", "name": "zoom", "content": [{"type": "image", "image": Image.fromarray(noise)}]}]
+    error = [{"role": "tool", "name": "zoom", "content": "{'error': 'zoom: bbox_2d [1, 2] is not a box'}"}]
+    for turn in [*turns, again, error, error]:
+        assert trainer._get_tool_suffix_ids(turn) == GRPOTrainer._get_tool_suffix_ids(trainer, turn)
+    assert len(trainer._tool_suffixes) == 4  # three crop sizes and one error text
 
 
 def test_suzak_train_stops_on_a_zoom_turn_that_cannot_fit_before_the_weights_load(tmp_path, run_env):

@@ -10,9 +10,12 @@ by name, instead of somewhere in a training run:
   ``_load_best_model`` (load_best_model_at_end's load, the same flaw);
 - :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
   ``_log_completion_extra``, ``_calculate_rewards`` and ``_generate`` (each calls ``super()`` and hands suzak's part
-  to a public method of the subclass; ``_generate``'s completion ids and tool masks count the tokens sampled), reads the per-rollout tool ``environments`` and calls ``_get_tool_suffix_ids`` (a tool
-  turn's length, for the pre-check; :func:`tool_turn_length` calls it before the trainer exists, on the attributes it
-  reads: ``processing_class``, ``chat_template``, ``chat_template_kwargs``, ``_is_vlm``, ``_tokenizer``), masks ``tool_mask``'s tool turns out of the stale-sampler guard, calls
+  to a public method of the subclass; ``_generate``'s completion ids and tool masks count the tokens sampled), reads
+  the per-rollout tool ``environments``, overrides ``_get_tool_suffix_ids`` (each distinct tool turn rendered once:
+  :func:`tool_turn_key`) and calls it (a tool turn's length, for the pre-check; :func:`tool_turn_length` calls it
+  before the trainer exists, on the attributes it reads: ``processing_class``, ``chat_template``,
+  ``chat_template_kwargs``, ``_is_vlm``, ``_tokenizer``), masks ``tool_mask``'s tool turns out of the stale-sampler
+  guard, calls
   ``_tokenize_prompts`` once per distinct prompt of a batch (with ``environment_factories``, per prompt and
   ``_batch_environments`` entry: :func:`prompt_keys`, :func:`expand_tokenized_prompts`), and for video rows (TRL has no video path) ``_tokenize_prompts`` (the clips' metadata
   through ``chat_template_kwargs``; a batch's rows without images as ``[]`` for the processor, None for vLLM),
@@ -116,6 +119,7 @@ __all__ = [
     "score_labelled_positions_only",
     "tool_call_parser",
     "tool_message",
+    "tool_turn_key",
     "tool_turn_length",
     "vllm_requests_with_videos",
 ]
@@ -626,6 +630,45 @@ def tool_message(name: str, result: Any = None, error: Exception | str | None = 
     if error is not None:
         result = {"error": str(error)}
     return {"role": "tool", "name": name, "content": result if isinstance(result, list) else str(result)}
+
+
+def tool_turn_key(tool_messages: list[dict], chat_template_kwargs: Mapping | None) -> tuple | None:
+    """What the tokens of a tool turn (``GRPOTrainer._get_tool_suffix_ids``) depend on: each message's role, name and
+    texts, an image by its size alone (a Qwen processor gives an image one token per patch of its size, resized by
+    size), and the template's keyword arguments; None where a message holds anything else (then nothing is reused).
+
+    >>> from PIL import Image
+    >>> turn = lambda size: [{"role": "tool", "name": "zoom", "content": [{"type": "image", "image": Image.new("RGB", size)}]}]
+    >>> tool_turn_key(turn((56, 28)), {}) == tool_turn_key(turn((56, 28)), {}) != tool_turn_key(turn((28, 56)), {})
+    True
+    >>> tool_turn_key([{"role": "tool", "name": "zoom", "content": [{"type": "image", "image": "crop.png"}]}], {}) is None
+    True
+    """
+    from PIL import Image
+
+    key = []
+    for message in tool_messages:
+        if not set(message) <= {"role", "name", "content"}:
+            return None
+        content = message.get("content")
+        if isinstance(content, list):
+            blocks = []
+            for block in content:
+                if block.get("type") == "text" and set(block) == {"type", "text"}:
+                    blocks.append(("text", block["text"]))
+                elif (
+                    block.get("type") == "image"
+                    and set(block) == {"type", "image"}
+                    and isinstance(block["image"], Image.Image)
+                ):
+                    blocks.append(("image", block["image"].size))
+                else:
+                    return None
+            content = tuple(blocks)
+        elif not isinstance(content, str):
+            return None
+        key.append((message.get("role"), message.get("name"), content))
+    return tuple(key), repr(chat_template_kwargs)
 
 
 def tool_turn_length(processing_class: Any, tool_messages: list[dict], chat_template_kwargs: dict | None = None) -> int:
@@ -1230,6 +1273,19 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         for reason, total in zip(counts, totals.sum(0).tolist(), strict=True):
             self._metrics[mode][f"tools/{reason}"].append(float(total))
+
+    def _get_tool_suffix_ids(self, tool_messages):
+        # TRL renders a dummy conversation twice for every tool call, the processor going over the result's images;
+        # a turn's tokens depend on its texts and its images' sizes alone, so each distinct turn is rendered once
+        key = tool_turn_key(tool_messages, self.chat_template_kwargs)
+        if key is None:
+            return super()._get_tool_suffix_ids(tool_messages)
+        rendered = self.__dict__.setdefault("_tool_suffixes", {})
+        if len(rendered) >= 4096:  # failed calls' texts differ call by call: keep the memo bounded
+            rendered.clear()
+        if key not in rendered:
+            rendered[key] = list(super()._get_tool_suffix_ids(tool_messages))
+        return list(rendered[key])
 
     def tool_turn_length(self, tool_messages: list[dict]) -> int:
         """Tokens TRL adds to a completion for these tool messages (the tool turn and the next assistant header),
