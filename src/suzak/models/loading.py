@@ -39,6 +39,7 @@ __all__ = [
     "adapter_base",
     "freeze_vision_tower",
     "load_model_and_processor",
+    "load_processor",
     "local_model_problem",
     "model_budget",
     "model_type",
