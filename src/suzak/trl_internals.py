@@ -1098,6 +1098,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._generation_trains = True  # the last generation batch kept a group on some rank (dynamic sampling)
         self._step_trains = False  # some micro-batch of the current optimizer step came from such a batch
         self.skipped_empty_steps = 0  # optimizer steps skipped: dynamic sampling kept no group for them
+        self._tool_suffixes: dict[tuple, list[int]] = {}  # each distinct tool turn's tokens (_get_tool_suffix_ids)
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -1280,7 +1281,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         key = tool_turn_key(tool_messages, self.chat_template_kwargs)
         if key is None:
             return super()._get_tool_suffix_ids(tool_messages)
-        rendered = self.__dict__.setdefault("_tool_suffixes", {})
+        rendered = self._tool_suffixes
         if len(rendered) >= 4096:  # failed calls' texts differ call by call: keep the memo bounded
             rendered.clear()
         if key not in rendered:
