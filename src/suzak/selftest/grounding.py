@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from suzak.selftest.config import SelfTestConfig
 
-__all__ = ["GRID", "SPEC", "THRESHOLD", "grounding_dataset"]
+__all__ = ["GRID", "SPEC", "THRESHOLD", "grounding_dataset", "grounding_task_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,20 +44,25 @@ def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: i
     ``shuffled`` permutes the images across rows (questions and boxes kept), ``grey`` shows every row one grey image.
     """
     import datasets
+
+    return datasets.Dataset.from_list(grounding_task_rows(num_rows, seed, images, size, start))
+
+
+def grounding_task_rows(num_rows: int, seed: int, images: str = "aligned", size: int | None = None,
+                        start: int = 0) -> list[dict]:  # fmt: skip
+    """:func:`grounding_dataset`'s rows as dicts holding PIL images, not yet encoded (the prior's grey rows go to its
+    SFT dataset as they are: each image encoded once, not three times)."""
     from PIL import Image
 
-    from suzak.data.grounding import grounding_shapes
+    from suzak.data.grounding import grounding_rows
 
     if images not in ("aligned", "shuffled", "grey"):
         raise ValueError(f"images must be aligned, shuffled or grey, got {images!r}")
     size = size or SPEC.drawn_size()[0]
-    dataset = grounding_shapes(num_rows, seed=seed, start=start, grid=GRID, width=size, height=size,
-                               distractors=(0, 0), images="aligned" if images == "grey" else images)  # fmt: skip
-    dataset = dataset.select_columns(["prompt", "image", "solution"])
-    if images != "grey":
-        return dataset
-    grey = Image.new("RGB", (size, size), (128, 128, 128))
-    return datasets.Dataset.from_list([row | {"image": grey} for row in dataset])
+    rows = grounding_rows(num_rows, seed=seed, start=start, grid=GRID, width=size, height=size, distractors=(0, 0),
+                          images="aligned" if images == "grey" else images)  # fmt: skip
+    grey = Image.new("RGB", (size, size), (128, 128, 128)) if images == "grey" else None
+    return [{"prompt": row["prompt"], "image": row["image"] if grey is None else grey, "solution": row["solution"]} for row in rows]
 
 
 def datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
@@ -90,6 +95,6 @@ def prior(config, condition, model, processor, budget, video_budget, crops, outp
 
     logger.info("%s run: answer prior (%d SFT steps on a grey image)", condition, config.spec.prior_steps)
     side = config.spec.drawn_size(budget.factor)[0]
-    grey = grounding_dataset(config.spec.prior_steps * 32, config.seed + 20_000, "grey", side)
+    grey = grounding_task_rows(config.spec.prior_steps * 32, config.seed + 20_000, "grey", side)
     boxes = [model_answer(with_box_frame(row, model.config.model_type, budget)) for row in grey]
     sft_prior(config, answer_rows(grey, boxes), model, processor, budget, output_dir)
