@@ -62,7 +62,10 @@ def grounding_task_rows(num_rows: int, seed: int, images: str = "aligned", size:
     rows = grounding_rows(num_rows, seed=seed, start=start, grid=GRID, width=size, height=size, distractors=(0, 0),
                           images="aligned" if images == "grey" else images)  # fmt: skip
     grey = Image.new("RGB", (size, size), (128, 128, 128)) if images == "grey" else None
-    return [{"prompt": row["prompt"], "image": row["image"] if grey is None else grey, "solution": row["solution"]} for row in rows]
+    return [
+        {"prompt": row["prompt"], "image": row["image"] if grey is None else grey, "solution": row["solution"]}
+        for row in rows
+    ]
 
 
 def datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
