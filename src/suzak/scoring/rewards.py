@@ -59,6 +59,8 @@ __all__ = [
     "resolve_reward",
     "resolve_rewards",
     "reads_rollout",
+    "routed",
+    "SOURCE_COLUMN",
     "think_format",
     "zoom_used",
 ]
@@ -540,3 +542,59 @@ def resolve_rewards(names: list[str], reward_kwargs: dict[str, dict] | None = No
     if stray:
         raise SuzakError(f"reward kwargs given for {', '.join(stray)}, which is not among the rewards {names}")
     return [resolve_reward(name, reward_kwargs.get(name)) for name in names]
+
+
+SOURCE_COLUMN = "source"  # a mixture row's source name (suzak.data.mixture): which rewards score its completions
+_SHARED_KWARGS = ("trainer_state", "log_metric")  # TRL's reward kwargs that are not one value per row
+
+
+def routed(func: Callable, source: str) -> Callable:
+    """``func`` scoring only the completions of ``source``'s rows (a mixture's, by :data:`SOURCE_COLUMN`) and None
+    for every other row (TRL's "this reward does not score it": its weighted sum leaves the reward out there), so no
+    reward ever sees another task's rows. Named ``<source>/<reward>``, TRL logs it as ``rewards/<source>/<reward>``.
+    A column the reward logs with ``log_extra`` gets None on the other sources' rows.
+
+    >>> def first(completions, solution, **kwargs):
+    ...     return [float(c == s) for c, s in zip(completions, solution)]
+    >>> scored = routed(first, "colour")
+    >>> scored.__name__
+    'colour/first'
+    >>> scored(completions=["red", "[1, 2]", "blue"], solution=["red", "[1, 2]", "red"],
+    ...        source=["colour", "boxes", "colour"], trainer_state=None)
+    [1.0, None, 0.0]
+    """
+    name = f"{source}/{func.__name__}"
+
+    @functools.wraps(func)
+    def score(**kwargs: Any) -> list[float | None]:
+        sources = kwargs.get(SOURCE_COLUMN)
+        if sources is None:
+            raise SuzakError(f"reward {name}: the rows carry no {SOURCE_COLUMN!r} column (a mixture's rows do)")
+        count = len(sources)
+        mine = [i for i, row_source in enumerate(sources) if row_source == source]
+        scores: list[float | None] = [None] * count
+        if not mine:
+            return scores
+        sub = {}
+        for key, value in kwargs.items():
+            if key in _SHARED_KWARGS:
+                sub[key] = value
+            elif key == "log_extra":
+                sub[key] = functools.partial(_scattered_extra, value, mine, count)
+            elif isinstance(value, list) and len(value) == count:
+                sub[key] = [value[i] for i in mine]
+            else:
+                sub[key] = value
+        for i, value in zip(mine, func(**sub), strict=True):
+            scores[i] = value
+        return scores
+
+    score.__name__ = score.__qualname__ = name
+    return score
+
+
+def _scattered_extra(log_extra: Callable, rows: list[int], count: int, column: str, values: list) -> None:
+    full: list = [None] * count
+    for i, value in zip(rows, values, strict=True):
+        full[i] = value
+    log_extra(column, full)

@@ -1,0 +1,245 @@
+"""Mixtures: one run over several sources, each a dataset of its own task with its own weight, rewards, prompt
+template, held-out rows and pixel budget (issue 52; V-Triune/Orsta's sample-level formatting, verifier-level rewards
+and source-level metrics, verl's per-``data_source`` rewards, open-r1's dataset mixtures).
+
+A recipe's ``datasets:`` list holds one mapping per source (:class:`Source`; :func:`parse_sources` checks each and
+says what is wrong in one line naming the entry). A pass over the mixture (:func:`mixture_order`) takes from each
+source its share of the pass's rows (its weight over the weights' sum, largest remainders), each source's rows in a
+permutation of its own (a source with fewer rows than its share is gone through again, in a new permutation), the
+sources interleaved so that every stretch of the pass keeps the weights' shares; the whole pass depends on the seed
+alone, so a resumed run draws the same rows. Every row carries its source's name in ``source`` (:data:`suzak.scoring.rewards.SOURCE_COLUMN`), which the
+rewards are routed by (:func:`suzak.scoring.rewards.routed`).
+
+>>> sources = parse_sources([{"name": "colour", "dataset": "color_squares", "weight": 3, "rewards": ["accuracy"]},
+...                          {"name": "boxes", "dataset": "grounding_shapes", "rewards": ["iou"]}])
+>>> [(s.name, s.share) for s in sources]
+[('colour', 0.75), ('boxes', 0.25)]
+>>> order = mixture_order([4, 100], [3, 1], seed=0, total=8)
+>>> [source for source, _ in order]
+[0, 0, 1, 0, 0, 0, 1, 0]
+>>> drawn = [row for source, row in order if source == 0]  # six draws from four rows: each once before any twice
+>>> len(drawn), sorted(drawn[:4])
+(6, [0, 1, 2, 3])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from suzak import SuzakError
+
+__all__ = ["Source", "combine", "mixture_counts", "mixture_order", "parse_sources"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One entry of a recipe's ``datasets:`` list. ``None``: the recipe's own setting of that name."""
+
+    name: str  # names the source in metrics (sources/<name>/...), completions.csv and messages
+    dataset: str  # a builder, Hub alias, .jsonl file or dataset folder (suzak.data.build_dataset)
+    options: dict = field(default_factory=dict)  # the builder's options (a recipe's dataset_options)
+    weight: float = 1.0  # the source's share of the rows is its weight over the weights' sum
+    rewards: tuple[str, ...] = ()  # this source's rewards (registry names or dotted paths)
+    reward_weights: tuple[float, ...] | None = None  # one per reward (default: 1 each)
+    reward_kwargs: dict = field(default_factory=dict)  # reward name -> its keyword arguments
+    prompt_template: str | None = None
+    eval_rows: int | None = None  # held-out rows of this source
+    min_pixels: int | None = None  # this source's pixel budget (OCR and screens want more than geometry)
+    max_pixels: int | None = None
+    share: float = 0.0  # worked out by parse_sources: weight / sum of weights
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The entry's fields as a recipe writes them (for records and messages)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "share"}
+
+
+KEYS = tuple(f.name for f in fields(Source) if f.name != "share")
+
+
+def _where(index: int, entry: Mapping) -> str:
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    return f"datasets[{index}]" + (f" ({name!r})" if isinstance(name, str) else "")
+
+
+def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = None) -> list[Source]:
+    """The recipe's ``datasets:`` list as :class:`Source` entries, every mistake one line naming the entry.
+
+    >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": ["accuracy"], "wieght": 2}])
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, min_pixels, max_pixels
+    >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": []}])
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): no rewards: each source names the rewards that score its rows
+    >>> parse_sources([{"name": "a", "dataset": "x.jsonl", "rewards": ["iou"]},
+    ...                {"name": "a", "dataset": "y.jsonl", "rewards": ["iou"]}])
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[1] ('a'): a second source named 'a' (datasets[0]); each source needs its own name
+    >>> parse_sources([{"name": "a", "dataset": "x.jsonl", "rewards": ["iou"], "weight": 0}])
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): weight 0 must be a number above 0 (a source not to train on is left out)
+    """
+    import difflib
+
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence) or not entries:
+        raise SuzakError("datasets: a list of sources, one mapping each (name, dataset, rewards, ...)")
+    sources, seen = [], {}
+    for index, entry in enumerate(entries):
+        where = _where(index, entry)
+        if not isinstance(entry, Mapping):
+            raise SuzakError(f"{where}: a mapping (name, dataset, rewards, ...), got {type(entry).__name__}")
+        for key in entry:
+            if key not in KEYS:
+                near = difflib.get_close_matches(str(key), KEYS, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise SuzakError(f"{where}: unknown key {key!r}{hint}; a source's keys: {', '.join(KEYS)}")
+        for key in ("name", "dataset"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise SuzakError(f"{where}: {key!r} is required (a non-empty string)")
+        name = entry["name"]
+        if name in seen:
+            raise SuzakError(f"{where}: a second source named {name!r} (datasets[{seen[name]}]); each source needs "
+                             "its own name")  # fmt: skip
+        if "/" in name or name.strip() != name:
+            raise SuzakError(f"{where}: name {name!r} names metric columns (sources/<name>/...): no '/' or spaces")
+        seen[name] = index
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            raise SuzakError(f"{where}: weight {weight!r} must be a number above 0 (a source not to train on is "
+                             "left out)")  # fmt: skip
+        rewards = entry.get("rewards") or []
+        if isinstance(rewards, str):
+            rewards = [rewards]
+        if not rewards:
+            raise SuzakError(f"{where}: no rewards: each source names the rewards that score its rows")
+        reward_weights = entry.get("reward_weights")
+        if reward_weights is not None and len(reward_weights) != len(rewards):
+            raise SuzakError(f"{where}: {len(reward_weights)} reward_weights for {len(rewards)} rewards "
+                             f"({', '.join(rewards)})")  # fmt: skip
+        kwargs = entry.get("reward_kwargs") or {}
+        stray = sorted(set(kwargs) - set(rewards))
+        if stray:
+            raise SuzakError(f"{where}: reward_kwargs for {', '.join(stray)}, which is not among its rewards "
+                             f"({', '.join(rewards)})")  # fmt: skip
+        for key in ("eval_rows", "min_pixels", "max_pixels"):
+            value = entry.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise SuzakError(f"{where}: {key} {value!r} must be a whole number of 0 or more")
+        options = entry.get("options") or {}
+        if not isinstance(options, Mapping):
+            raise SuzakError(f"{where}: options must be a mapping of the builder's options, got {options!r}")
+        sources.append(Source(
+            name=name, dataset=entry["dataset"], options=dict(options), weight=float(weight), rewards=tuple(rewards),
+            reward_weights=None if reward_weights is None else tuple(float(w) for w in reward_weights),
+            reward_kwargs=dict(kwargs), prompt_template=entry.get("prompt_template") or default_template,
+            eval_rows=entry.get("eval_rows"), min_pixels=entry.get("min_pixels"), max_pixels=entry.get("max_pixels"),
+        ))  # fmt: skip
+    total = sum(source.weight for source in sources)
+    return [Source(**source.settings, share=source.weight / total) for source in sources]
+
+
+def mixture_counts(weights: Sequence[float], total: int) -> list[int]:
+    """Rows each source gives a pass of ``total`` rows: ``total`` split by weight, the remainders to the largest
+    fractions (ties to the earlier source); every source at least one row.
+
+    >>> mixture_counts([3, 1], 10), mixture_counts([1, 1, 1], 10), mixture_counts([1000, 1], 10)
+    ([8, 2], [4, 3, 3], [9, 1])
+    """
+    if total < len(weights):
+        raise SuzakError(f"a pass of {total} rows cannot hold one row of each of {len(weights)} sources")
+    exact = [total * weight / sum(weights) for weight in weights]
+    counts = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    for i in range(len(counts)):  # a source too light for one row still gives one, taken from the largest
+        if counts[i] == 0:
+            counts[max(range(len(counts)), key=lambda k: (counts[k], -k))] -= 1
+            counts[i] = 1
+    return counts
+
+
+def mixture_order(sizes: Sequence[int], weights: Sequence[float], *, seed: int, total: int | None = None
+                  ) -> list[tuple[int, int]]:  # fmt: skip
+    """One pass of the mixture as (source index, row of that source) pairs: :func:`mixture_counts` rows of each
+    (``total`` default: the sources' rows together), each source's rows drawn in permutations of its own seeded by
+    ``(seed, source)``, the sources interleaved by smooth weighted round robin (every stretch keeps the shares).
+
+    >>> [s for s, _ in mixture_order([10, 10, 10], [2, 1, 1], seed=0, total=8)]
+    [0, 1, 2, 0, 0, 1, 2, 0]
+    >>> mixture_order([3], [1], seed=1) == mixture_order([3], [1], seed=1) != mixture_order([3], [1], seed=2)
+    True
+    """
+    if any(size <= 0 for size in sizes):
+        empty = next(i for i, size in enumerate(sizes) if size <= 0)
+        raise SuzakError(f"datasets[{empty}]: the source has no rows")
+    total = sum(sizes) if total is None else total
+    counts = mixture_counts(weights, total)
+    rows = []
+    for source, (size, count) in enumerate(zip(sizes, counts, strict=True)):
+        rng = np.random.default_rng([seed, source])
+        drawn = np.concatenate([rng.permutation(size) for _ in range(-(-count // size))])[:count]
+        rows.append(iter(drawn.tolist()))
+    order, credit = [], [0.0] * len(counts)
+    for _ in range(total):  # smooth weighted round robin over the counts
+        credit = [c + n for c, n in zip(credit, counts, strict=True)]
+        pick = max(range(len(counts)), key=lambda i: (credit[i], -i))
+        credit[pick] -= total
+        order.append((pick, next(rows[pick])))
+    return order
+
+
+def _with_columns(dataset, features: dict):
+    """``dataset`` with every column of ``features`` (a column it lacks: None in each row, of that column's type), in
+    ``features``' order."""
+    for name, feature in features.items():
+        if name not in dataset.column_names:
+            dataset = dataset.add_column(name, [None] * len(dataset), feature=feature)
+    return dataset.select_columns(list(features))
+
+
+def combine(datasets: Sequence, sources: Sequence[Source], *, seed: int, total: int | None = None):
+    """One pass of the mixture as one dataset: each source's rows (``datasets``, in ``sources``' order) with
+    ``source`` naming it, a column one source lacks filled with None, in :func:`mixture_order`'s order
+    (``total`` rows; default: the sources' rows together). Two sources with a column of different types is one line.
+
+    >>> import datasets as hf
+    >>> colour = hf.Dataset.from_list([{"solution": "red"}, {"solution": "blue"}])
+    >>> boxes = hf.Dataset.from_list([{"solution": "[0, 0, 1, 1]", "question_boxes": [[0, 0, 1, 1]]}])
+    >>> sources = parse_sources([{"name": "colour", "dataset": "a.jsonl", "rewards": ["accuracy"]},
+    ...                          {"name": "boxes", "dataset": "b.jsonl", "rewards": ["iou"]}])
+    >>> mixed = combine([colour, boxes], sources, seed=0, total=4)
+    >>> [(row["source"], row["solution"], row["question_boxes"]) for row in mixed]  # doctest: +NORMALIZE_WHITESPACE
+    [('colour', 'red', None), ('boxes', '[0, 0, 1, 1]', [[0, 0, 1, 1]]), ('colour', 'blue', None),
+     ('boxes', '[0, 0, 1, 1]', [[0, 0, 1, 1]])]
+    """
+    import datasets as hf
+
+    from suzak.scoring.rewards import SOURCE_COLUMN as column
+
+    features: dict = {}
+    for dataset, source in zip(datasets, sources, strict=True):
+        if column in dataset.column_names:
+            raise SuzakError(f"source {source.name!r}: its rows have a {column!r} column of their own; the mixture "
+                             "names each row's source there")  # fmt: skip
+        for name, feature in dataset.features.items():
+            if name in features and features[name] != feature:
+                first = next(s.name for d, s in zip(datasets, sources, strict=False) if name in d.column_names)
+                raise SuzakError(f"sources {first!r} and {source.name!r}: column {name!r} is {features[name]} in one "
+                                 f"and {feature} in the other; a mixture's sources give a column one type")  # fmt: skip
+            features.setdefault(name, feature)
+    features[column] = hf.Value("string")
+    parts = [_with_columns(dataset.add_column(column, [source.name] * len(dataset)), features)
+             for dataset, source in zip(datasets, sources, strict=True)]  # fmt: skip
+    offsets = np.cumsum([0] + [len(part) for part in parts[:-1]]).tolist()
+    order = mixture_order([len(p) for p in parts], [s.weight for s in sources], seed=seed, total=total)
+    return hf.concatenate_datasets(parts).select([offsets[source] + row for source, row in order])
