@@ -196,6 +196,9 @@ def build_datasets(suzak_args, train_args, inputs: RunInputs):
     rewards. Held-out rows are never trained on."""
     from suzak.data import DATASETS, build_dataset
 
+    if getattr(suzak_args, "datasets", None) is not None:  # WIP (branch mixtures): parsed and checked, not trained
+        raise SuzakError("datasets: a mixture's sources are checked, but training on a mixture is not wired yet "
+                         "(issue 52); train one dataset_name")  # fmt: skip
     options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
     dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs)

@@ -48,8 +48,8 @@ class SuzakArguments(VideoBudgetArguments):
     evaluation): ``video_fps``, ``video_min_frames``, ``video_max_frames``, ``video_min_pixels``,
     ``video_max_pixels``, ``video_total_pixels``
 
-    > Parameters that control the data: ``dataset_name``, ``dataset_options``, ``max_train_rows``,
-    ``skip_bad_rows``, ``max_bad_fraction``
+    > Parameters that control the data: ``dataset_name``, ``dataset_options``, ``datasets`` (a mixture),
+    ``max_train_rows``, ``skip_bad_rows``, ``max_bad_fraction``
 
     > Parameters that control the prompt and the pixel budget: ``prompt_template``, ``opening_in_completion``,
     ``min_pixels``, ``max_pixels``
@@ -88,6 +88,14 @@ class SuzakArguments(VideoBudgetArguments):
             "help": "Options for the builder (YAML mapping, or JSON on the CLI), e.g. {num_rows: 2000, seed: 0}. "
             "On the CLI they update the recipe's options for the recipe's own dataset key by key; another dataset "
             "gets only the CLI's."
+        },
+    )
+    datasets: list | str | None = field(
+        default=None,
+        metadata={
+            "help": "A mixture in place of dataset_name: one mapping per source with its name, dataset (a builder, "
+            "Hub alias, folder or .jsonl), options, weight, rewards, reward_weights, reward_kwargs, prompt_template, "
+            "eval_rows, min_pixels, max_pixels (docs/mixtures.md; a YAML list, or JSON on the CLI)."
         },
     )
     max_train_rows: int | None = field(default=None, metadata={"help": "Keep only the first N rows (after shuffling)."})
@@ -267,14 +275,25 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={"help": "With push_to_hub: write the release folder (OUTPUT_DIR/release) and upload nothing."},
     )
 
+    def mixture(self):
+        """The recipe's ``datasets:`` as :class:`suzak.data.mixture.Source` entries (None: one ``dataset_name``)."""
+        from suzak.data.mixture import parse_sources
+
+        if self.datasets is None:
+            return None
+        return parse_sources(self.datasets, default_template=self.prompt_template)
+
     def __post_init__(self):
-        for name in ("dataset_options", "reward_kwargs"):
+        for name in ("dataset_options", "reward_kwargs", "datasets"):
             value = getattr(self, name)
             if isinstance(value, str):
                 try:
                     setattr(self, name, json.loads(value))
                 except json.JSONDecodeError as error:
-                    raise SuzakError(f"--{name} must be a JSON object: {error.msg}") from None
+                    shape = "a JSON list of objects" if name == "datasets" else "a JSON object"
+                    raise SuzakError(f"--{name} must be {shape}: {error.msg}") from None
+        if self.datasets is not None:
+            self.mixture()  # every source's mistake, one line, before anything loads
         # The model is not loaded yet: below the smallest token of every supported family is wrong for any model
         # (PixelBudget.for_model checks the model's own factor once its processor is loaded).
         factor = min(family_factors().values())

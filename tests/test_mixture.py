@@ -1,0 +1,94 @@
+"""Mixtures (issue 52): a recipe's ``datasets:`` list, the weighted passes over its sources, and each source's rewards
+scoring only its own rows (work in progress: the trainer is not wired to it yet)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from suzak import SuzakError
+from suzak.data.mixture import combine, mixture_order, parse_sources
+
+TWO = [{"name": "colour", "dataset": "color_squares", "options": {"num_rows": 40}, "weight": 3,
+        "rewards": ["word_match"]},
+       {"name": "boxes", "dataset": "grounding_shapes", "options": {"num_rows": 20}, "rewards": ["iou", "box_format"],
+        "reward_weights": [1.0, 0.5]}]  # fmt: skip
+
+
+def test_a_pass_follows_the_weights_in_every_stretch_and_depends_on_the_seed_alone():
+    order = mixture_order([40, 20, 5], [3, 1, 1], seed=0, total=500)
+    counts = Counter(source for source, _ in order)
+    assert [counts[i] for i in range(3)] == [300, 100, 100]
+    for start in range(0, 500, 50):  # every stretch of 50 rows keeps the shares within a row
+        window = Counter(source for source, _ in order[start : start + 50])
+        assert abs(window[0] - 30) <= 1 and abs(window[1] - 10) <= 1 and abs(window[2] - 10) <= 1
+    small = [row for source, row in order if source == 2]  # 100 draws from 5 rows: 20 full passes
+    assert all(sorted(small[i : i + 5]) == list(range(5)) for i in range(0, 100, 5))
+    assert order == mixture_order([40, 20, 5], [3, 1, 1], seed=0, total=500)
+    assert order != mixture_order([40, 20, 5], [3, 1, 1], seed=1, total=500)
+
+
+def test_combine_names_each_rows_source_and_fills_the_columns_another_source_has():
+    from suzak.data import build_dataset
+
+    sources = parse_sources(TWO)
+    parts = [build_dataset(s.dataset, **s.options) for s in sources]
+    mixed = combine(parts, sources, seed=0)
+    assert len(mixed) == 60 and Counter(mixed["source"]) == {"colour": 45, "boxes": 15}
+    assert set(parts[1].column_names) - set(parts[0].column_names) <= set(mixed.column_names)
+    colour = next(row for row in mixed if row["source"] == "colour")
+    assert colour["image"] is not None and colour["solution"] in ("red", "blue")
+
+
+def test_each_sources_rewards_score_only_its_rows():
+    from suzak.scoring.rewards import resolve_reward, routed
+
+    calls = []
+
+    def spy(name):
+        def reward(completions, solution, **kwargs):
+            calls.append((name, list(solution)))
+            return [1.0] * len(completions)
+
+        reward.__name__ = name
+        return reward
+
+    colour, boxes = routed(spy("word"), "colour"), routed(spy("box"), "boxes")
+    kwargs = {"completions": ["red", "[0, 0, 1, 1]", "blue"], "solution": ["red", "[0, 0, 1, 1]", "blue"],
+              "source": ["colour", "boxes", "colour"], "trainer_state": None}  # fmt: skip
+    assert colour(**kwargs) == [1.0, None, 1.0] and boxes(**kwargs) == [None, 1.0, None]
+    assert calls == [("word", ["red", "blue"]), ("box", ["[0, 0, 1, 1]"])]
+    assert routed(resolve_reward("word_match"), "colour").__name__ == "colour/word_match"
+    extra = []
+    logged = routed(lambda completions, log_extra, **kw: log_extra("x", ["a"] * len(completions)) or [0.0], "boxes")
+    logged(completions=["c", "b"], source=["colour", "boxes"], log_extra=lambda column, values: extra.append(values))
+    assert extra == [[None, "a"]]  # a column a source's reward logs is None on the other sources' rows
+    with pytest.raises(SuzakError, match="no 'source' column"):
+        colour(completions=["red"], solution=["red"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"weight": -1}, r"datasets\[0\] \('colour'\): weight -1 must be a number above 0"),
+    ({"rewards": []}, r"datasets\[0\] \('colour'\): no rewards"),
+    ({"name": "boxes"}, r"datasets\[1\] \('boxes'\): a second source named 'boxes' \(datasets\[0\]\)"),
+    ({"reward_kwargs": {"iou": {}}}, r"reward_kwargs for iou, which is not among its rewards \(word_match\)"),
+    ({"reward_weights": [1, 2]}, r"2 reward_weights for 1 rewards \(word_match\)"),
+    ({"dataset": ""}, r"'dataset' is required"),
+])  # fmt: skip
+def test_a_bad_source_is_one_line_naming_it(change, message):
+    with pytest.raises(SuzakError, match=message):
+        parse_sources([{**TWO[0], **change}, TWO[1]])
+
+
+def test_the_recipe_field_takes_a_yaml_list_or_json_and_checks_it_before_anything_loads():
+    from suzak.training.configs import SuzakArguments
+
+    assert [s.name for s in SuzakArguments(datasets=TWO).mixture()] == ["colour", "boxes"]
+    assert [s.share for s in SuzakArguments(datasets=json.dumps(TWO)).mixture()] == [0.75, 0.25]
+    assert SuzakArguments().mixture() is None
+    with pytest.raises(SuzakError, match="--datasets must be a JSON list of objects"):
+        SuzakArguments(datasets="[{name: a}]")
+    with pytest.raises(SuzakError, match=r"datasets\[0\] \('colour'\): unknown key 'wieght' \(did you mean 'weight'"):
+        SuzakArguments(datasets=[{**TWO[0], "wieght": 2}])
