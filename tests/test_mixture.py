@@ -92,3 +92,30 @@ def test_the_recipe_field_takes_a_yaml_list_or_json_and_checks_it_before_anythin
         SuzakArguments(datasets="[{name: a}]")
     with pytest.raises(SuzakError, match=r"datasets\[0\] \('colour'\): unknown key 'wieght' \(did you mean 'weight'"):
         SuzakArguments(datasets=[{**TWO[0], "wieght": 2}])
+
+
+def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(tmp_path, run_env):
+    """`suzak train --config recipes/mixture_smoke.yaml`: colour squares and grounding shapes in one run; TRL logs
+    each source's rewards apart (rewards/<source>/<reward>), and in completions.csv a source's rewards are empty on
+    the other source's rows and filled on its own."""
+    import csv
+    import sys
+
+    from conftest import run_ok
+
+    out = tmp_path / "run"
+    result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml", "--max_steps", "2",
+                     "--output_dir", str(out)], run_env)  # fmt: skip
+    assert "mixture of 128 rows: colour 75% (96 rows of color_squares), boxes 25% (32 rows" in result.stderr
+    with open(out / "metrics.csv", newline="") as file:
+        logs = [row for row in csv.DictReader(file) if row.get("reward")]
+    assert len(logs) == 2 and all(
+        name in logs[0] for name in ("rewards/colour/word_match/mean", "rewards/boxes/iou/mean",
+                                     "rewards/boxes/box_format/mean"))  # fmt: skip
+    with open(out / "completions.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    colour = [row for row in rows if "What color" in row["prompt"]]
+    boxes = [row for row in rows if "Locate" in row["prompt"]]
+    assert colour and boxes and len(colour) + len(boxes) == len(rows) == 32
+    assert all(row["reward/colour/word_match"] != "" and row["reward/boxes/iou"] == "" for row in colour)
+    assert all(row["reward/colour/word_match"] == "" and row["reward/boxes/iou"] != "" for row in boxes)

@@ -57,22 +57,38 @@ class RunInputs:
     rewards: list[Callable]  # the recipe's rewards, resolved with their kwargs, in its order
     template: Any  # the prompt template (its answer format)
     family: str | None  # the model's model_type: its box frame
+    sources: tuple = ()  # a mixture's (Source, its rewards unrouted, its template) per source; () for one dataset
 
     @classmethod
     def read(cls, suzak_args, model_args, *, for_vllm: bool = False) -> RunInputs:
         """The inputs of the recipe's run, from ``suzak_args`` and the model's config (one read, no weights)."""
         from suzak.models.loading import model_config
         from suzak.scoring.prompts import get_template
-        from suzak.scoring.rewards import resolve_rewards
+        from suzak.scoring.rewards import resolve_rewards, routed
 
         config = model_config(model_args, for_vllm=for_vllm)
+        rewards = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+        sources = tuple(
+            (source, resolve_rewards(list(source.rewards), source.reward_kwargs), get_template(source.prompt_template))
+            for source in suzak_args.mixture() or []
+        )
+        if sources:  # every source's rewards, each scoring its own source's rows alone
+            rewards = [routed(func, source.name) for source, funcs, _ in sources for func in funcs]
         return cls(
             budget=PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels).for_model(config),
             video_budget=suzak_args.video_budget().for_model(config),
-            rewards=resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs),
+            rewards=rewards,
             template=get_template(suzak_args.prompt_template),
             family=getattr(config, "model_type", None),
+            sources=sources,
         )
+
+    @property
+    def reward_weights(self) -> list[float] | None:
+        """A mixture's reward weights, source by source in :attr:`rewards`' order (None: the recipe's own)."""
+        if not self.sources:
+            return None
+        return [w for source, funcs, _ in self.sources for w in (source.reward_weights or [1.0] * len(funcs))]
 
     @property
     def scorer(self) -> Callable:
@@ -89,6 +105,11 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     from suzak.trl_internals import DynamicSampling, SamplerGuard
 
     inputs = RunInputs.read(suzak_args, model_args, for_vllm=grpo_args.use_vllm)
+    if inputs.sources:
+        if grpo_args.reward_weights is not None:
+            raise SuzakError("reward_weights: a mixture's sources give their own (datasets[i].reward_weights); "
+                             "leave the recipe's unset")  # fmt: skip
+        grpo_args.reward_weights = inputs.reward_weights
     toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
                             suzak_args.tool_max_visual_tokens)  # fmt: skip
     train_dataset, heldout = build_datasets(suzak_args, grpo_args, inputs)
@@ -107,7 +128,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         peft_config=peft_config,
         pixel_budget=inputs.budget,
         video_budget=inputs.video_budget,
-        answer_format=inputs.template.answer_format if suzak_args.preflight_rows > 0 else None,
+        answer_format=inputs.template.answer_format if suzak_args.preflight_rows > 0 and not inputs.sources else None,
         preflight_rows=suzak_args.preflight_rows,
         sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
         opening_in_completion=suzak_args.opening_in_completion,
@@ -196,9 +217,8 @@ def build_datasets(suzak_args, train_args, inputs: RunInputs):
     rewards. Held-out rows are never trained on."""
     from suzak.data import DATASETS, build_dataset
 
-    if getattr(suzak_args, "datasets", None) is not None:  # WIP (branch mixtures): parsed and checked, not trained
-        raise SuzakError("datasets: a mixture's sources are checked, but training on a mixture is not wired yet "
-                         "(issue 52); train one dataset_name")  # fmt: skip
+    if inputs.sources:
+        return _mixture(suzak_args, train_args, inputs), None
     options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
     dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs)
@@ -219,7 +239,40 @@ def build_datasets(suzak_args, train_args, inputs: RunInputs):
     return dataset, heldout
 
 
-def _validated(dataset, suzak_args, train_args, inputs: RunInputs):
+def _mixture(suzak_args, train_args, inputs: RunInputs):
+    """A mixture's training rows (:func:`suzak.data.mixture.combine`): each source built with its options and
+    template, its rows validated against its own rewards, its rewards' pre-flight run on its own rows (WIP, issue
+    52: held-out evals per source are not wired yet)."""
+    from dataclasses import replace
+
+    from suzak.data import build_dataset
+    from suzak.data.mixture import combine
+    from suzak.media.boxes import with_box_frame
+    from suzak.training.checks import preflight
+
+    if suzak_args.eval_rows > 0 or any(source.eval_rows for source, _, _ in inputs.sources):
+        raise SuzakError("datasets: held-out evals per source are not wired yet (issue 52): set eval_rows 0")
+    parts = []
+    for source, funcs, template in inputs.sources:
+        options = {"template": source.prompt_template, **source.options}
+        own = replace(inputs, rewards=funcs, sources=())
+        try:
+            dataset = _validated(build_dataset(source.dataset, **options), suzak_args, train_args, own, source.name)
+            if suzak_args.preflight_rows > 0:
+                rows = (with_box_frame(row, inputs.family, inputs.budget) for row in dataset)
+                preflight(rows, funcs, template.answer_format, num_rows=suzak_args.preflight_rows,
+                          reward_weights=list(source.reward_weights) if source.reward_weights else None)  # fmt: skip
+        except SuzakError as error:
+            raise SuzakError(f"source {source.name!r}: {error}") from None
+        parts.append(dataset)
+    mixed = combine(parts, [source for source, _, _ in inputs.sources], seed=train_args.seed)
+    logger.info("mixture of %d rows: %s", len(mixed), ", ".join(
+        f"{source.name} {source.share:.0%} ({len(part)} rows of {source.dataset})"
+        for (source, _, _), part in zip(inputs.sources, parts, strict=True)))  # fmt: skip
+    return mixed
+
+
+def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | None = None):
     """``dataset`` once every row passes :func:`suzak.training.checks.validate_rows`; else one line naming the first bad row,
     or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
     text-only model (a budget without a patch factor) are one line too."""
@@ -230,7 +283,7 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs):
 
     media = image_columns(dataset.column_names) + [c for c in [VIDEO_COLUMN] if c in dataset.column_names]
     if media and inputs.budget.factor is None:
-        raise SuzakError(f"dataset {suzak_args.dataset_name} has images or video (column {media[0]}) but the model has "
+        raise SuzakError(f"dataset {name or suzak_args.dataset_name} has images or video (column {media[0]}) but the model has "
                          "no vision tower: use a vision-language model, or a text dataset")  # fmt: skip
     parsers = {getattr(r, "__name__", type(r).__name__): p for r in inputs.rewards if (p := gold_parser(r)) is not None}
     start = time.monotonic()
@@ -240,7 +293,7 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs):
                 ", ".join(parsers) or "no reward", time.monotonic() - start)  # fmt: skip
     if not problems:
         return dataset
-    source, first = suzak_args.dataset_name, problems[0]
+    source, first = name or suzak_args.dataset_name, problems[0]
     bad = f"{len(problems)} of {len(dataset)} rows bad"
     if not suzak_args.skip_bad_rows:
         raise SuzakError(f"{first.where(source)}, column {first.column}: {first.reason} ({bad}; --skip_bad_rows "
