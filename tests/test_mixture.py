@@ -117,5 +117,11 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
     colour = [row for row in rows if "What color" in row["prompt"]]
     boxes = [row for row in rows if "Locate" in row["prompt"]]
     assert colour and boxes and len(colour) + len(boxes) == len(rows) == 32
+    assert {row["source"] for row in colour} == {"colour"} and {row["source"] for row in boxes} == {"boxes"}
+    # a source's reward leaves the other source's rows unscored by design: not counted as None/NaN (a step without
+    # a source's rows logs nothing for its rewards)
+    fractions = [log[f"rewards/{name}/nonfinite_frac"] for log in logs
+                 for name in ("colour/word_match", "boxes/iou", "boxes/box_format")]  # fmt: skip
+    assert set(fractions) <= {"", "0.0"} and "0.0" in fractions, fractions
     assert all(row["reward/colour/word_match"] != "" and row["reward/boxes/iou"] == "" for row in colour)
     assert all(row["reward/colour/word_match"] == "" and row["reward/boxes/iou"] != "" for row in boxes)

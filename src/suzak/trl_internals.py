@@ -1422,7 +1422,9 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         if len(environments) == len(inputs):  # one per rollout, in the rollouts' order (TRL draws them per batch)
             for column, values in self.rollout_columns(environments).items():
                 self._log_completion_extra(column, values)
-        rewards = self.screen_rewards(rewards, guard)
+        for column, values in self.row_columns(inputs).items():
+            self._log_completion_extra(column, values)
+        rewards = self.screen_rewards(rewards, guard, self.reward_rows(inputs))
         if self.dynamic_sampling is not None and self.model.training:  # (ranks x rows, functions) -> group std
             self._group_std = group_reward_std(rewards, self.reward_weights, self.num_generations)
             self._round_rewards = rewards.detach().cpu()
@@ -1522,6 +1524,15 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         the same keys on every rank ({}: none)."""
         return {}
 
+    def row_columns(self, inputs: list[dict]) -> dict[str, list]:
+        """Columns of the completions log read from each completion's row, the same keys on every rank ({}: none)."""
+        return {}
+
+    def reward_rows(self, inputs: list[dict]) -> torch.Tensor | None:
+        """(completions of every rank, rewards): True where a reward scores the row (a mixture's reward scores its
+        own source's rows alone); None: every reward scores every row."""
+        return None
+
     def step_rows(self) -> list[str]:
         return list(dict.fromkeys(self._batch_rows))  # each prompt is in the batch num_generations times
 
@@ -1536,12 +1547,14 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
     # --- reading and setting TRL's state -------------------------------------------------------------------------
 
-    def screen_rewards(self, rewards: torch.Tensor, guard: RewardGuard) -> torch.Tensor:
+    def screen_rewards(self, rewards: torch.Tensor, guard: RewardGuard, scored: torch.Tensor | None = None
+                       ) -> torch.Tensor:  # fmt: skip
         """What TRL goes on with after scoring a batch; ``rewards`` (completions of every rank, rewards) is the same
         on every rank, and so is every decision here.
 
         Stops on a failed reward call (any rank's); logs ``rewards/<name>/nonfinite_frac`` (None, NaN or inf) for each
-        reward; in training, stops when no weighted reward scored any completion (TRL would train on advantages of
+        reward, over the rows it scores (``scored``: (completions of every rank, rewards), True where a reward scores
+        the row; None: every row); in training, stops when no weighted reward scored any completion (TRL would train on advantages of
         0: loss 0, no warning); hands TRL inf as NaN, which it skips like None (inf would turn its group's
         advantages into NaN).
         """
@@ -1553,8 +1566,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             raise RewardFault(failures[0].message(where) + more) from (guard.errors[0] if guard.errors else None)
         self._say_nonfinite(guard, where)
         finite = torch.isfinite(rewards)  # (N, R)
+        scored = torch.ones_like(finite) if scored is None else scored.to(finite.device)
         for i, name in enumerate(self.reward_func_names):
-            self._log_metric(f"rewards/{name}/nonfinite_frac", 1.0 - finite[:, i].float().mean().item())
+            if scored[:, i].any():
+                self._log_metric(f"rewards/{name}/nonfinite_frac", 1.0 - finite[scored[:, i], i].float().mean().item())
         weighted = [i for i, weight in enumerate(self.reward_weights.tolist()) if weight != 0]
         if training and weighted and not finite[:, weighted].any():
             names = ", ".join(repr(self.reward_func_names[i]) for i in weighted)

@@ -590,6 +590,7 @@ def routed(func: Callable, source: str) -> Callable:
         return scores
 
     score.__name__ = score.__qualname__ = name
+    score.source = source  # the rows it scores (the trainer counts its None and NaN over them alone)
     return score
 
 

@@ -57,7 +57,7 @@ from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.scoring.prompts import template_opening
-from suzak.scoring.rewards import read_after_opening
+from suzak.scoring.rewards import SOURCE_COLUMN, read_after_opening
 from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.training.configs import check_whole_groups
 from suzak.trl_internals import (
@@ -223,6 +223,20 @@ class VLMGRPOTrainer(GRPOHooks):
         if self.zoom_factory is None:
             return {}
         return {f"{ZOOM}_crops": [json.dumps(getattr(e, "crops", [])) for e in environments]}
+
+    def row_columns(self, inputs: list[dict[str, Any]]) -> dict[str, list]:
+        """A mixture's rows: ``source`` (each completion's source) in completions.csv and the W&B table."""
+        if not inputs or SOURCE_COLUMN not in inputs[0]:
+            return {}
+        return {SOURCE_COLUMN: [row[SOURCE_COLUMN] for row in inputs]}
+
+    def reward_rows(self, inputs: list[dict[str, Any]]) -> torch.Tensor | None:
+        """A mixture's: each reward scores its own source's rows (:func:`suzak.scoring.rewards.routed`), over ranks."""
+        sources = [getattr(func, "source", None) for func in self.reward_funcs]
+        if not inputs or SOURCE_COLUMN not in inputs[0] or all(source is None for source in sources):
+            return None
+        rows = gather_object([row[SOURCE_COLUMN] for row in inputs])
+        return torch.tensor([[source is None or source == row for source in sources] for row in rows])
 
     def check_tool_turns(self) -> None:
         """With the zoom: its largest crop's tool turn against ``max_completion_length``
