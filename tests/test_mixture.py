@@ -123,5 +123,17 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
     fractions = [log[f"rewards/{name}/nonfinite_frac"] for log in logs
                  for name in ("colour/word_match", "boxes/iou", "boxes/box_format")]  # fmt: skip
     assert set(fractions) <= {"", "0.0"} and "0.0" in fractions, fractions
+    # each source's own figures, on the steps its rows were in
+    shown = [log for log in logs if log.get("sources/colour/rows")]
+    assert shown and all(float(log["sources/colour/rows"]) > 0 for log in shown)
+    for log in logs:
+        for source in ("colour", "boxes"):
+            if log.get(f"sources/{source}/rows"):
+                assert 0 <= float(log[f"sources/{source}/reward"]) <= 1.5
+                assert 0 <= float(log[f"sources/{source}/zero_std_groups"]) <= 1
+                assert 0 < float(log[f"sources/{source}/completion_length"]) <= 32
+                assert 0 <= float(log[f"sources/{source}/clipped_ratio"]) <= 1
+    assert sum(float(log.get("sources/colour/rows") or 0) + float(log.get("sources/boxes/rows") or 0)
+               for log in logs) == 8  # 4 prompts a step, 2 steps  # fmt: skip
     assert all(row["reward/colour/word_match"] != "" and row["reward/boxes/iou"] == "" for row in colour)
     assert all(row["reward/colour/word_match"] == "" and row["reward/boxes/iou"] != "" for row in boxes)

@@ -1425,6 +1425,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         for column, values in self.row_columns(inputs).items():
             self._log_completion_extra(column, values)
         rewards = self.screen_rewards(rewards, guard, self.reward_rows(inputs))
+        ids = args[2] if len(args) > 2 else kwargs.get("completion_ids_list")
+        lengths = [len(row) for row in ids] if ids is not None and len(ids) == len(inputs) else None
+        for name, value in self.batch_metrics(inputs, rewards, lengths).items():
+            self._log_metric(name, value)
         if self.dynamic_sampling is not None and self.model.training:  # (ranks x rows, functions) -> group std
             self._group_std = group_reward_std(rewards, self.reward_weights, self.num_generations)
             self._round_rewards = rewards.detach().cpu()
@@ -1526,6 +1530,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
     def row_columns(self, inputs: list[dict]) -> dict[str, list]:
         """Columns of the completions log read from each completion's row, the same keys on every rank ({}: none)."""
+        return {}
+
+    def batch_metrics(self, inputs: list[dict], rewards: torch.Tensor, lengths: list[int] | None) -> dict[str, float]:
+        """More of the step's figures from a scored batch: ``rewards`` (completions of every rank, rewards) after
+        the screen, ``lengths`` this rank's completion lengths; the same keys on every rank ({}: none)."""
         return {}
 
     def reward_rows(self, inputs: list[dict]) -> torch.Tensor | None:

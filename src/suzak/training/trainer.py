@@ -238,6 +238,32 @@ class VLMGRPOTrainer(GRPOHooks):
         rows = gather_object([row[SOURCE_COLUMN] for row in inputs])
         return torch.tensor([[source is None or source == row for source in sources] for row in rows])
 
+    def batch_metrics(self, inputs: list[dict[str, Any]], rewards: torch.Tensor, lengths: list[int] | None
+                      ) -> dict[str, float]:  # fmt: skip
+        """A mixture's figures per source, over every rank's rows of the batch: ``sources/<name>/rows`` (prompts),
+        ``reward`` (its rows' weighted reward), ``zero_std_groups`` (its groups without reward variance),
+        ``completion_length`` and ``clipped_ratio`` (completions that reached max_completion_length); a source
+        without rows in the batch logs nothing for it."""
+        if not inputs or SOURCE_COLUMN not in inputs[0]:
+            return {}
+        rows = gather_object([row[SOURCE_COLUMN] for row in inputs])
+        weighted = (rewards * self.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1).cpu()
+        every = gather_object(lengths) if lengths is not None else None
+        size, figures = self.num_generations, {}
+        for source in dict.fromkeys(rows):
+            mine = torch.tensor([row == source for row in rows])
+            groups = weighted[mine].view(-1, size) if int(mine.sum()) % size == 0 else None
+            prefix = f"sources/{source}"
+            figures[f"{prefix}/rows"] = float(mine.sum()) / size
+            figures[f"{prefix}/reward"] = weighted[mine].mean().item()
+            if groups is not None:
+                figures[f"{prefix}/zero_std_groups"] = (groups.std(dim=1) < 1e-6).float().mean().item()
+            if every is not None and len(every) == len(rows):
+                length = torch.tensor(every, dtype=torch.float32)[mine]
+                figures[f"{prefix}/completion_length"] = length.mean().item()
+                figures[f"{prefix}/clipped_ratio"] = (length >= self.max_completion_length).float().mean().item()
+        return figures
+
     def check_tool_turns(self) -> None:
         """With the zoom: its largest crop's tool turn against ``max_completion_length``
         (:meth:`suzak.models.tools.ZoomFactory.check_turn`, with TRL's own count of a tool turn's tokens). ``suzak
