@@ -104,19 +104,19 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
     from conftest import run_ok
 
     out = tmp_path / "run"
-    result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml", "--max_steps", "2",
+    result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml", "--max_steps", "4",
                      "--output_dir", str(out)], run_env)  # fmt: skip
-    assert "mixture of 128 rows: colour 75% (96 rows of color_squares), boxes 25% (32 rows" in result.stderr
+    assert "mixture of 112 rows: colour 75% (88 rows of color_squares), boxes 25% (24 rows" in result.stderr
     with open(out / "metrics.csv", newline="") as file:
         logs = [row for row in csv.DictReader(file) if row.get("reward")]
-    assert len(logs) == 2 and all(
+    assert len(logs) == 4 and all(
         name in logs[0] for name in ("rewards/colour/word_match/mean", "rewards/boxes/iou/mean",
                                      "rewards/boxes/box_format/mean"))  # fmt: skip
     with open(out / "completions.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     colour = [row for row in rows if "What color" in row["prompt"]]
     boxes = [row for row in rows if "Locate" in row["prompt"]]
-    assert colour and boxes and len(colour) + len(boxes) == len(rows) == 32
+    assert colour and boxes and len(colour) + len(boxes) == len(rows) == 64
     assert {row["source"] for row in colour} == {"colour"} and {row["source"] for row in boxes} == {"boxes"}
     # a source's reward leaves the other source's rows unscored by design: not counted as None/NaN (a step without
     # a source's rows logs nothing for its rewards)
@@ -133,7 +133,13 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
                 assert 0 <= float(log[f"sources/{source}/zero_std_groups"]) <= 1
                 assert 0 < float(log[f"sources/{source}/completion_length"]) <= 32
                 assert 0 <= float(log[f"sources/{source}/clipped_ratio"]) <= 1
+    with open(out / "metrics.csv", newline="") as file:
+        evals = [row for row in csv.DictReader(file) if row.get("eval/accuracy")]
+    assert [int(row["step"]) for row in evals] == [0, 2, 4]  # the baseline, then every eval_steps 2
+    for row in evals:  # 8 held-out rows of each source, each scored by its own source's first reward
+        own = float(row["eval/colour/accuracy"]), float(row["eval/boxes/accuracy"])
+        assert float(row["eval/accuracy"]) == pytest.approx(sum(own) / 2)
     assert sum(float(log.get("sources/colour/rows") or 0) + float(log.get("sources/boxes/rows") or 0)
-               for log in logs) == 8  # 4 prompts a step, 2 steps  # fmt: skip
+               for log in logs) == 16  # 4 prompts a step, 4 steps  # fmt: skip
     assert all(row["reward/colour/word_match"] != "" and row["reward/boxes/iou"] == "" for row in colour)
     assert all(row["reward/colour/word_match"] == "" and row["reward/boxes/iou"] != "" for row in boxes)

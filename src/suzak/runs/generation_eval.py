@@ -27,6 +27,7 @@ from suzak.media.boxes import with_box_frame
 from suzak.media.video import VideoBudget
 from suzak.media.vision import PixelBudget
 from suzak.scoring.parsing import message_text
+from suzak.scoring.rewards import SOURCE_COLUMN
 
 __all__ = ["GenerationEvalCallback"]
 
@@ -55,6 +56,7 @@ class GenerationEvalCallback(TrainerCallback):
         opening_in_completion: bool = False,
         toolset=None,
         max_tool_calling_iterations: int | None = None,
+        scorers: dict[str, Callable] | None = None,
     ):
         if eval_steps <= 0:
             raise ValueError(f"eval_steps must be positive, got {eval_steps}")
@@ -72,6 +74,9 @@ class GenerationEvalCallback(TrainerCallback):
         # a run with tools answers through the evaluation's tool loop, as its rollouts do (suzak.eval.tool_loop)
         self.toolset = toolset if toolset is not None and toolset.names else None
         self.max_tool_calling_iterations = max_tool_calling_iterations
+        # a mixture's held-out rows: each scored by its own source's scorer (the row's ``source``), each source's
+        # accuracy logged as eval/<source>/accuracy beside the whole set's
+        self.scorers = scorers
         self.figures: dict[str, float] = {}  # the last evaluation's figures beside the accuracy (tool calls per row)
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
@@ -110,14 +115,37 @@ class GenerationEvalCallback(TrainerCallback):
                 self.figures["eval/tool_calls"] = sum(record["tool_calls"] for record in records) / len(records)
         finally:
             model.train(was_training)
-        columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "image", "images", "video")}
-        scores = self.scorer(completions=outputs, prompts=[r["prompt"] for r in rows], **columns)
+        scores = self._scores(rows, outputs)
         table = [
             [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
             for i, (row, output, score) in enumerate(zip(rows, outputs, scores, strict=True))
         ]
         accuracy = sum(r[-1] for r in table) / len(table)
+        if self.scorers:
+            for source in self.scorers:
+                mine = [r[-1] for r, row in zip(table, rows, strict=True) if row.get(SOURCE_COLUMN) == source]
+                if mine:
+                    self.figures[f"eval/{source}/accuracy"] = sum(mine) / len(mine)
         return accuracy, table
+
+    def _scores(self, rows: list[dict], outputs: list[str]) -> list:
+        """Each output's score by the scorer of its row (a mixture: its source's), called as training calls it."""
+        groups = {None: list(range(len(rows)))}
+        if self.scorers:
+            groups = {}
+            for i, row in enumerate(rows):
+                groups.setdefault(row.get(SOURCE_COLUMN), []).append(i)
+        scores: list = [None] * len(rows)
+        for source, positions in groups.items():
+            scorer = self.scorer if source is None else self.scorers[source]
+            part = [rows[i] for i in positions]
+            columns = {
+                k: [row.get(k) for row in part] for k in part[0] if k not in ("prompt", "image", "images", "video")
+            }
+            found = scorer(completions=[outputs[i] for i in positions], prompts=[r["prompt"] for r in part], **columns)
+            for i, score in zip(positions, found, strict=True):
+                scores[i] = score
+        return scores
 
     def _append_csv(self, output_dir: str, table: list[list]) -> None:
         path = Path(output_dir) / CSV_NAME

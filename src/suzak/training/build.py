@@ -84,6 +84,11 @@ class RunInputs:
         )
 
     @property
+    def scorers(self) -> dict[str, Callable] | None:
+        """A mixture's held-out score per source: its first reward (None: one dataset, :attr:`scorer`)."""
+        return {source.name: funcs[0] for source, funcs, _ in self.sources} or None
+
+    @property
     def reward_weights(self) -> list[float] | None:
         """A mixture's reward weights, source by source in :attr:`rewards`' order (None: the recipe's own)."""
         if not self.sources:
@@ -137,7 +142,8 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         **trainer_kwargs,
     )
     add_first(trainer, eval_callback(suzak_args, grpo_args, heldout, inputs.scorer, trainer.processing_class,
-                                     trainer.pixel_budget, trainer.video_budget, toolset))  # fmt: skip
+                                     trainer.pixel_budget, trainer.video_budget, toolset,
+                                     inputs.scorers))  # fmt: skip
     return trainer
 
 
@@ -150,6 +156,8 @@ def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     from suzak.trl_internals import SFTHooks
 
     inputs = RunInputs.read(suzak_args, model_args)
+    if inputs.sources:  # each source's targets would need its own answer format (WIP, issue 52)
+        raise SuzakError("datasets: suzak.sft trains one dataset_name; a mixture is for suzak.train (GRPO)")
     dataset, heldout = build_datasets(suzak_args, sft_args, inputs)
     dataset = to_sft_dataset(dataset, inputs.template.answer_format, inputs.family, inputs.budget)
     if image_columns(dataset.column_names):
@@ -215,44 +223,50 @@ def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> 
 def build_datasets(suzak_args, train_args, inputs: RunInputs):
     """(train dataset, held-out rows or None), every row validated before step 1 against ``inputs``' budget and
     rewards. Held-out rows are never trained on."""
-    from suzak.data import DATASETS, build_dataset
+    from suzak.data import build_dataset
 
     if inputs.sources:
-        return _mixture(suzak_args, train_args, inputs), None
+        return _mixture(suzak_args, train_args, inputs)
     options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
     dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs)
-    heldout = None
-    if suzak_args.eval_rows > 0 and suzak_args.dataset_name in SYNTHETIC_DATASETS:
-        builder = DATASETS[suzak_args.dataset_name]
-        num_rows = options.get("num_rows", inspect.signature(builder).parameters["num_rows"].default)
-        after = {**options, "num_rows": suzak_args.eval_rows, "start": options.get("start", 0) + num_rows}
-        heldout = list(build_dataset(suzak_args.dataset_name, **after))
-    elif suzak_args.eval_rows > 0:
-        count = min(suzak_args.eval_rows, len(dataset) // 2)
-        if count < suzak_args.eval_rows:
-            logger.warning("eval_rows=%d: only %d of %d rows held out", suzak_args.eval_rows, count, len(dataset))
-        heldout = list(dataset.select(range(len(dataset) - count, len(dataset))))
-        dataset = dataset.select(range(len(dataset) - count))
+    dataset, heldout = _held_out(suzak_args.dataset_name, options, dataset, suzak_args.eval_rows)
     if suzak_args.max_train_rows is not None:
         dataset = dataset.shuffle(seed=train_args.seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
     return dataset, heldout
 
 
+def _held_out(name: str, options: dict, dataset, eval_rows: int):
+    """(training rows, held-out rows or None) of dataset ``name``: a procedural builder's next ``eval_rows`` rows
+    (never trained on), otherwise its last ``eval_rows`` rows (at most half), taken out of training."""
+    from suzak.data import DATASETS, build_dataset
+
+    if eval_rows <= 0:
+        return dataset, None
+    if name in SYNTHETIC_DATASETS:
+        builder = DATASETS[name]
+        num_rows = options.get("num_rows", inspect.signature(builder).parameters["num_rows"].default)
+        after = {**options, "num_rows": eval_rows, "start": options.get("start", 0) + num_rows}
+        return dataset, list(build_dataset(name, **after))
+    count = min(eval_rows, len(dataset) // 2)
+    if count < eval_rows:
+        logger.warning("eval_rows=%d: only %d of %d rows of %s held out", eval_rows, count, len(dataset), name)
+    return dataset.select(range(len(dataset) - count)), list(dataset.select(range(len(dataset) - count, len(dataset))))
+
+
 def _mixture(suzak_args, train_args, inputs: RunInputs):
-    """A mixture's training rows (:func:`suzak.data.mixture.combine`): each source built with its options and
-    template, its rows validated against its own rewards, its rewards' pre-flight run on its own rows (WIP, issue
-    52: held-out evals per source are not wired yet)."""
+    """(training rows, held-out rows or None) of a mixture (:func:`suzak.data.mixture.combine`): each source built
+    with its options and template, its rows validated against its own rewards, its rewards' pre-flight run on its
+    own rows, its held-out rows (its ``eval_rows``, else the recipe's) named by their source."""
     from dataclasses import replace
 
     from suzak.data import build_dataset
     from suzak.data.mixture import combine
     from suzak.media.boxes import with_box_frame
+    from suzak.scoring.rewards import SOURCE_COLUMN
     from suzak.training.checks import preflight
 
-    if suzak_args.eval_rows > 0 or any(source.eval_rows for source, _, _ in inputs.sources):
-        raise SuzakError("datasets: held-out evals per source are not wired yet (issue 52): set eval_rows 0")
-    parts = []
+    parts, heldout = [], []
     for source, funcs, template in inputs.sources:
         options = {"template": source.prompt_template, **source.options}
         own = replace(inputs, rewards=funcs, sources=())
@@ -264,12 +278,15 @@ def _mixture(suzak_args, train_args, inputs: RunInputs):
                           reward_weights=list(source.reward_weights) if source.reward_weights else None)  # fmt: skip
         except SuzakError as error:
             raise SuzakError(f"source {source.name!r}: {error}") from None
+        eval_rows = suzak_args.eval_rows if source.eval_rows is None else source.eval_rows
+        dataset, held = _held_out(source.dataset, options, dataset, eval_rows)
+        heldout += [{**row, SOURCE_COLUMN: source.name} for row in held or []]
         parts.append(dataset)
     mixed = combine(parts, [source for source, _, _ in inputs.sources], seed=train_args.seed)
     logger.info("mixture of %d rows: %s", len(mixed), ", ".join(
         f"{source.name} {source.share:.0%} ({len(part)} rows of {source.dataset})"
         for (source, _, _), part in zip(inputs.sources, parts, strict=True)))  # fmt: skip
-    return mixed
+    return mixed, heldout or None
 
 
 def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | None = None):
@@ -313,7 +330,7 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | N
 
 
 def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class, budget: PixelBudget,
-                  video_budget: VideoBudget, toolset=None):  # fmt: skip
+                  video_budget: VideoBudget, toolset=None, scorers: dict[str, Callable] | None = None):  # fmt: skip
     """The generation-eval callback for the held-out rows (None without them), scored by ``scorer`` (the first
     reward) with the budgets the trainer runs with; with ``toolset``, answered through the tool loop as the rollouts
     are."""
@@ -327,7 +344,7 @@ def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class,
         batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,
         chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
         opening_in_completion=suzak_args.opening_in_completion, toolset=toolset,
-        max_tool_calling_iterations=getattr(args, "max_tool_calling_iterations", None),
+        max_tool_calling_iterations=getattr(args, "max_tool_calling_iterations", None), scorers=scorers,
     )  # fmt: skip
 
 
