@@ -143,3 +143,21 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
                for log in logs) == 16  # 4 prompts a step, 4 steps  # fmt: skip
     assert all(row["reward/colour/word_match"] != "" and row["reward/boxes/iou"] == "" for row in colour)
     assert all(row["reward/colour/word_match"] == "" and row["reward/boxes/iou"] != "" for row in boxes)
+
+
+def test_one_dataset_fields_beside_a_mixture_are_one_line(tmp_path):
+    """dataset_name, rewards, reward_weights ... beside ``datasets:`` would be ignored: refused by the parser."""
+    import yaml
+
+    from suzak.training.configs import parse_args
+
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": "tiny", "datasets": TWO, "rewards": ["iou"],
+                                      "output_dir": str(tmp_path / "out")}))  # fmt: skip
+    with pytest.raises(SuzakError, match=r"datasets: each source sets its own dataset and rewards, and rewards is set"):
+        parse_args(["--config", str(recipe)])
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": "tiny", "datasets": TWO, "output_dir": str(tmp_path)}))
+    with pytest.raises(SuzakError, match=r"and dataset_name, reward_weights are set beside them"):
+        parse_args(["--config", str(recipe), "--dataset_name", "color_squares", "--reward_weights", "1"])
+    suzak_args, _, _ = parse_args(["--config", str(recipe)])
+    assert [s.name for s in suzak_args.mixture()] == ["colour", "boxes"]

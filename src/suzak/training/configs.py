@@ -519,6 +519,7 @@ def _parse(config_class, argv: list[str] | None):
         raise SuzakError(f"invalid settings: {_one_line(error)}") from None
     if model_args.model_name_or_path is None:
         raise SuzakError("no model: set model_name_or_path in the recipe, MODEL in .env, or --model_name_or_path")
+    _check_mixture(suzak_args, recipe, flags)
     _recipe_dataset_options(suzak_args, recipe, flags)
     _recipe_reward_kwargs(suzak_args, recipe, flags)
     _check_vllm_server(config)
@@ -638,6 +639,23 @@ def _check_vllm_server(config) -> None:
         raise SuzakError("vllm_mode server needs a CUDA GPU: TRL syncs the weights to `trl vllm-serve` over NCCL "
                          "(vLLM's NCCL weight-transfer engine), which a CPU cannot join; use vllm_mode colocate "
                          "here (vLLM's CPU build runs it)")  # fmt: skip
+
+
+ONE_SOURCE_FIELDS = ("dataset_name", "dataset_options", "rewards", "reward_kwargs", "reward_weights")
+
+
+def _check_mixture(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
+    """A recipe with ``datasets:`` sets each source's dataset and rewards there; the one-dataset fields beside it
+    would be ignored, so they are one line (DATASET in .env reads as --dataset_name)."""
+    if suzak_args.datasets is None:
+        return
+    argv = full_argv(flags)
+    given = [name for name in ONE_SOURCE_FIELDS if name in recipe or _given(argv, name)]
+    if given:
+        raise SuzakError(f"datasets: each source sets its own dataset and rewards, and {', '.join(given)} "
+                         f"{'is' if len(given) == 1 else 'are'} set beside them (recipe, flags or .env): move "
+                         "them into the sources' entries (options, rewards, reward_weights, reward_kwargs) or "
+                         "drop them")  # fmt: skip
 
 
 def _given(flags: list[str], name: str) -> bool:
