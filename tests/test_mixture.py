@@ -4,6 +4,7 @@ scoring only its own rows (work in progress: the trainer is not wired to it yet)
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import Counter
 
 import pytest
@@ -161,3 +162,18 @@ def test_one_dataset_fields_beside_a_mixture_are_one_line(tmp_path):
         parse_args(["--config", str(recipe), "--dataset_name", "color_squares", "--reward_weights", "1"])
     suzak_args, _, _ = parse_args(["--config", str(recipe)])
     assert [s.name for s in suzak_args.mixture()] == ["colour", "boxes"]
+
+
+def test_a_sources_own_pixel_budget_is_refused_until_it_is_applied(tmp_path, run_env):
+    import sys
+
+    from conftest import ROOT
+
+    result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml",
+                             "--datasets", json.dumps([{**TWO[0], "max_pixels": 100352}, TWO[1]]),
+                             "--output_dir", str(tmp_path / "out")], cwd=ROOT, env=run_env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and "loaded " not in result.stderr, result.stderr[-2000:]
+    assert errors == ["error: source 'colour': a source's own min_pixels/max_pixels are not applied yet (issue 52): "
+                      "set the run's min_pixels/max_pixels"]  # fmt: skip

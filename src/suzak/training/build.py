@@ -268,6 +268,9 @@ def _mixture(suzak_args, train_args, inputs: RunInputs):
 
     parts, heldout = [], []
     for source, funcs, template in inputs.sources:
+        if source.min_pixels is not None or source.max_pixels is not None:  # WIP: one budget for the run
+            raise SuzakError(f"source {source.name!r}: a source's own min_pixels/max_pixels are not applied yet "
+                             "(issue 52): set the run's min_pixels/max_pixels")  # fmt: skip
         options = {"template": source.prompt_template, **source.options}
         own = replace(inputs, rewards=funcs, sources=())
         try:
