@@ -144,6 +144,14 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
                for log in logs) == 16  # 4 prompts a step, 4 steps  # fmt: skip
     assert all(row["reward/colour/word_match"] != "" and row["reward/boxes/iou"] == "" for row in colour)
     assert all(row["reward/colour/word_match"] == "" and row["reward/boxes/iou"] != "" for row in boxes)
+    # the step line, suzak plot and suzak watch show each source
+    lines = [line for line in (out / "train.log").read_text().splitlines() if "step 4/4 | reward" in line]
+    assert lines and "(colour " in lines[0] and "boxes " in lines[0] and "eval " in lines[0], lines
+    assert (out / "plots" / "sources.png").is_file()
+    from suzak.watch import read_progress, render
+
+    frame = render(read_progress(out), width=120)
+    assert "colour reward" in frame and "boxes reward" in frame and "boxes/iou" in frame, frame
 
 
 def test_one_dataset_fields_beside_a_mixture_are_one_line(tmp_path):

@@ -495,3 +495,55 @@ def test_conditions_with_the_same_prior_start_from_one_copy_of_it(task, monkeypa
     assert shared.keys() == own.keys() and all(torch.equal(own[name], value) for name, value in shared.items())
     zoom = selftest.SelfTestConfig(task="zoom", steps=1)
     assert priors.shared_prior(zoom, model_dir, ("aligned", selftest.NO_TOOL), tmp_path / "zoom", 1) is None
+
+
+# --- the mixture task: two sources, each judged on its own rows -----------------------------------------------------
+
+
+def test_mixture_dataset_holds_both_sources_one_to_one_each_with_its_own_condition():
+    """The mixture's rows: colour squares and video clips 1:1 in every stretch, each row naming its source, the
+    column one source lacks None; shuffled permutes each source's pixels among its own rows (answers kept)."""
+    from suzak.selftest import mixture_dataset
+
+    rows = list(mixture_dataset(16, seed=0, size=56))
+    assert [row["source"] for row in rows[:4]] in (["colour", "video"] * 2, ["video", "colour"] * 2)
+    assert sum(row["source"] == "colour" for row in rows) == 8
+    assert all((row["image"] is None) == (row["source"] == "video") for row in rows)
+    assert all((row["video"] is None) == (row["source"] == "colour") for row in rows)
+    assert {row["solution"] for row in rows} == {"red", "blue"}
+    shuffled = list(mixture_dataset(16, seed=0, images="shuffled", size=56))
+    assert [(r["source"], r["solution"]) for r in shuffled] == [(r["source"], r["solution"]) for r in rows]
+    colour = [r["image"].tobytes() for r in rows if r["source"] == "colour"]
+    moved = [r["image"].tobytes() for r in shuffled if r["source"] == "colour"]
+    assert moved != colour and sorted(moved) == sorted(colour)
+
+
+def test_a_mixtures_bars_apply_to_each_source():
+    """One source at chance fails a mixture even when the other's figures would lift the mean over the bar."""
+    from suzak.selftest import TASKS
+    from suzak.selftest.report import heldout_needs, margins, needs, verdicts
+
+    spec = TASKS["mixture"]
+    last = {"aligned/colour": 1.0, "aligned/video": 0.82, "shuffled/colour": 0.5, "shuffled/video": 0.75}
+    heldout = {"aligned/colour": 1.0, "aligned/video": 0.95, "shuffled/colour": 0.5, "shuffled/video": 0.72}
+    ok = verdicts(spec, last, heldout)
+    assert ok == {"aligned/colour": True, "aligned/video": False, "shuffled/colour": True, "shuffled/video": False,
+                  "heldout_aligned/colour": True, "heldout_aligned/video": True, "heldout_shuffled/colour": True,
+                  "heldout_shuffled/video": False}  # fmt: skip
+    assert round(margins(spec, last, heldout)["aligned/video"][0], 3) == -0.08
+    assert needs(spec, "shuffled/video") == "0.3-0.7" and needs(spec, "aligned/colour") == ">= 0.9"
+    assert heldout_needs(spec, ["aligned/video", "shuffled/colour"]) == {"aligned/video": ">= 0.9",
+                                                                        "shuffled/colour": "< 0.7"}  # fmt: skip
+
+
+def test_the_mixtures_rewards_score_each_source_alone():
+    """Each source's reward scores its own rows and gives None on the other's (TRL leaves it out of their sum)."""
+    from suzak.selftest import SelfTestConfig, mixture
+
+    ids = {"red": 11, "blue": 12}
+    tokenizer = lambda word, add_special_tokens=False: {"input_ids": [ids[word]]}  # noqa: E731
+    funcs, weights, figure = mixture.rewards(SelfTestConfig(task="mixture"), tokenizer)
+    assert [f.__name__ for f in funcs] == ["colour/color_first_token", "video/color_first_token"] and figure == "reward"
+    batch = {"completions": ["red", "red", "blue"], "completion_ids": [[11], [11], [11]],
+             "solution": ["red", "red", "blue"], "source": ["colour", "video", "video"], "trainer_state": None}  # fmt: skip
+    assert funcs[0](**batch) == [1.0, None, None] and funcs[1](**batch) == [None, 1.0, 0.0]

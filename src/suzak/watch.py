@@ -54,9 +54,17 @@ def metric_columns(columns: list[str]) -> list[tuple[str, str]]:
     >>> metric_columns(["loss", "reward", "rewards/clevr_count/mean", "eval/accuracy", "kl", "step_time", "epoch"])
     [('reward', 'reward'), ('clevr_count', 'rewards/clevr_count/mean'), ('eval/accuracy', 'eval/accuracy'), \
 ('KL', 'kl'), ('step time (s)', 'step_time'), ('loss', 'loss')]
+
+    A mixture's sources: each one's reward, its rewards by source, its held-out accuracy:
+
+    >>> metric_columns(["reward", "sources/colour/reward", "rewards/colour/word_match/mean", "eval/colour/accuracy"])
+    [('reward', 'reward'), ('colour reward', 'sources/colour/reward'), ('colour/word_match', \
+'rewards/colour/word_match/mean'), ('eval/colour/accuracy', 'eval/colour/accuracy')]
     """
     shown = [("reward", "reward")]
-    shown += [(c.split("/")[1], c) for c in columns if c.startswith("rewards/") and c.endswith("/mean")]
+    shown += [(f"{c.split('/')[1]} reward", c) for c in columns if c.startswith("sources/") and c.endswith("/reward")]
+    shown += [(c.removeprefix("rewards/").removesuffix("/mean"), c) for c in columns
+              if c.startswith("rewards/") and c.endswith("/mean")]  # fmt: skip
     shown += [(c, c) for c in columns if "accuracy" in c.lower()]
     shown += [("KL", "kl"), ("completion length", "completions/mean_length"), ("entropy", "entropy"),
               ("step time (s)", "step_time"), ("loss", "loss"), ("learning rate", "learning_rate")]  # fmt: skip

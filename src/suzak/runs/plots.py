@@ -2,8 +2,9 @@
 
     suzak plot OUTPUT_DIR                      # writes OUTPUT_DIR/plots/*.png (also run at the end of training)
 
-One figure per quantity, each over the optimizer step: every reward's mean with the weighted total, accuracy from
-evaluation (any logged column named ``*accuracy*``), KL to the reference model, completion length, clip ratios,
+One figure per quantity, each over the optimizer step: every reward's mean with the weighted total, a mixture's
+sources (each one's mean reward and share of groups without reward variance), accuracy from evaluation (any logged
+column named ``*accuracy*``, each source's too), KL to the reference model, completion length, clip ratios,
 learning rate, step time and loss. A figure whose metrics were never logged (KL with ``beta: 0``) is skipped. A run
 without ``metrics.csv`` (trained before suzak wrote it) is read from its newest ``trainer_state.json`` instead.
 """
@@ -45,6 +46,10 @@ def _rewards(columns: list[str]) -> list[str]:
     return means + (["reward"] if "reward" in columns else [])
 
 
+def _sources(columns: list[str]) -> list[str]:
+    return sorted(c for c in columns if c.startswith("sources/") and c.endswith(("/reward", "/zero_std_groups")))
+
+
 def _accuracy(columns: list[str]) -> list[str]:
     return sorted(c for c in columns if "accuracy" in c.lower())
 
@@ -57,6 +62,7 @@ def _clip(columns: list[str]) -> list[str]:
 
 FIGURES: tuple[Figure, ...] = (
     Figure("rewards", "Rewards: each function's mean and the weighted total", "reward", _rewards),
+    Figure("sources", "Sources: each one's mean reward and groups without reward variance", "reward", _sources),
     Figure("accuracy", "Accuracy from evaluation", "accuracy", _accuracy),
     Figure("kl", "KL divergence to the reference model", "KL", _exact("kl", "eval_kl")),
     Figure(

@@ -51,6 +51,12 @@ def step_line(logs: dict, step: int, max_steps: int | None, per_step: float | No
     'step 12/150 | reward 0.530 ± 0.210 | len 45 | kl 0.0031 | loss 0.01 | 2.1 s/step | ETA 4m50s'
     >>> step_line({"train_runtime": 301.5, "train_loss": 0.02}, 150, 150, 2.0)
     'done: 150 steps in 5m02s (2.0 s/step)'
+
+    A mixture's step names each source's reward (``sources/<name>/reward``) and held-out accuracy beside the whole's:
+
+    >>> step_line({"reward": 0.6, "sources/colour/reward": 0.9, "sources/boxes/reward": 0.3, "eval/accuracy": 0.5,
+    ...            "eval/colour/accuracy": 0.75, "eval/boxes/accuracy": 0.25}, 3, None, None)
+    'step 3 | reward 0.600 (colour 0.900, boxes 0.300) | eval 0.500 (colour 0.750, boxes 0.250)'
     """
     if "train_runtime" in logs:
         runtime = float(logs["train_runtime"])
@@ -58,13 +64,23 @@ def step_line(logs: dict, step: int, max_steps: int | None, per_step: float | No
     parts = [f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"]
     if "reward" in logs:
         parts.append(f"reward {float(logs['reward']):.3f}" + (f" ± {float(logs['reward_std']):.3f}"
-                                                               if "reward_std" in logs else ""))  # fmt: skip
-    parts += [f"{label} {form.format(float(logs[key]))}" for key, label, form in STEP_FIELDS if key in logs]
+                                                               if "reward_std" in logs else "")
+                     + _per_source(logs, "sources/", "/reward"))  # fmt: skip
+    parts += [f"{label} {form.format(float(logs[key]))}" + (_per_source(logs, "eval/", "/accuracy")
+                                                            if key == "eval/accuracy" else "")
+              for key, label, form in STEP_FIELDS if key in logs]  # fmt: skip
     if per_step is not None:
         parts.append(f"{per_step:.1f} s/step")
         if (left := eta_seconds(step, max_steps, per_step)) is not None and left > 0:
             parts.append(f"ETA {duration(left)}")
     return " | ".join(parts)
+
+
+def _per_source(logs: dict, prefix: str, suffix: str) -> str:
+    """`` (a 0.900, b 0.300)``: each source's figure logged as ``<prefix><source><suffix>`` (a mixture's), or ""."""
+    figures = [f"{key[len(prefix) : -len(suffix)]} {float(value):.3f}" for key, value in logs.items()
+               if key.startswith(prefix) and key.endswith(suffix) and key.count("/") == 2]  # fmt: skip
+    return f" ({', '.join(figures)})" if figures else ""
 
 
 class StepClock:

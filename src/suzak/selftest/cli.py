@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", choices=list(TASKS), default="color",
                         help="color: red/blue squares, the quick install check; counting: CLEVR scenes of 1-3 "
                         "objects with the clevr_count reward (slower); video: clips of a ball that turns red or "
-                        "blue (the video path); grounding: a box around the named shape, mean IoU; zoom: a "
-                        "colour only a crop shows, multi-turn with the zoom tool against a no-tool control")  # fmt: skip
+                        "blue (the video path); grounding: a box around the named shape, mean IoU; mixture: colour "
+                        "squares and video clips in one run, each source scored by its own reward and judged on its "
+                        "own rows; zoom: a colour only a crop shows, multi-turn with the zoom tool against a no-tool "
+                        "control")  # fmt: skip
     parser.add_argument("--family", choices=list(SELFTEST_FAMILIES), default=DEFAULT_FAMILY,
                         help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip
     parser.add_argument("--images", choices=["aligned", "shuffled", "grey", NO_TOOL], default=None,

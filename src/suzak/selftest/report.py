@@ -7,7 +7,7 @@ import statistics
 
 from suzak.selftest.spec import TaskSpec
 
-__all__ = ["JSON_KEYS", "format_report", "margins", "needs", "quiet_progress", "verdicts", "windows"]
+__all__ = ["JSON_KEYS", "condition_of", "format_report", "margins", "needs", "quiet_progress", "verdicts", "windows"]
 
 # The top-level keys of ``--json`` (the whole report follows under "detail").
 JSON_KEYS = ("task", "family", "aligned_accuracy", "control_accuracy", "heldout_accuracy", "unsuppressed_in_eval", "steps",
@@ -19,6 +19,16 @@ def windows(rewards: list[float], size: int = 10) -> list[float]:
     return [statistics.fmean(rewards[i : i + size]) for i in range(0, len(rewards), size)]
 
 
+def condition_of(name: str) -> str:
+    """The condition of a run's name: a mixture's runs are named ``<condition>/<source>``, each bar applying to each
+    source's rows.
+
+    >>> condition_of("aligned"), condition_of("shuffled/colour")
+    ('aligned', 'shuffled')
+    """
+    return name.split("/", 1)[0]
+
+
 def needs(spec: TaskSpec, condition: str) -> str:
     """What the ``condition``'s reward over its last 10 steps must be, as the report prints it.
 
@@ -27,7 +37,7 @@ def needs(spec: TaskSpec, condition: str) -> str:
     ('>= 0.9', '0.3-0.7')
     """
     low, high = spec.control_band
-    return f">= {spec.pass_at:g}" if condition == "aligned" else f"{low:g}-{high:g}"
+    return f">= {spec.pass_at:g}" if condition_of(condition) == "aligned" else f"{low:g}-{high:g}"
 
 
 def verdicts(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) -> dict[str, bool]:
@@ -40,8 +50,8 @@ def verdicts(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) 
     {'aligned': True, 'shuffled': True, 'heldout_aligned': True, 'heldout_shuffled': True}
     """
     # a bar is met where its margin is >= 0; a control's held-out ceiling is strict (below it, not at it)
-    return {bar: got > 0 if bar.startswith("heldout_") and bar != "heldout_aligned" else got >= 0
-            for bar, (got, _) in margins(spec, last, heldout).items()}  # fmt: skip
+    return {bar: got > 0 if bar.startswith("heldout_") and condition_of(bar.removeprefix("heldout_")) != "aligned"
+            else got >= 0 for bar, (got, _) in margins(spec, last, heldout).items()}  # fmt: skip
 
 
 def margins(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) -> dict[str, tuple[float, float]]:
@@ -61,12 +71,13 @@ def margins(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) -
     low, high = spec.control_band
     out = {}
     for name, value in last.items():
-        out[name] = (value - spec.pass_at, _required(spec.pass_at)) if name == "aligned" else (
+        out[name] = (value - spec.pass_at, _required(spec.pass_at)) if condition_of(name) == "aligned" else (
             min(value - low, high - value), 0.1)  # fmt: skip
     for name, value in heldout.items():
-        bar = spec.heldout_pass_at if name == "aligned" else spec.heldout_control_below
+        aligned = condition_of(name) == "aligned"
+        bar = spec.heldout_pass_at if aligned else spec.heldout_control_below
         if bar is not None:
-            out[f"heldout_{name}"] = (value - bar, _required(bar)) if name == "aligned" else (bar - value, 0.1)
+            out[f"heldout_{name}"] = (value - bar, _required(bar)) if aligned else (bar - value, 0.1)
     return out
 
 
@@ -113,9 +124,10 @@ def heldout_needs(spec: TaskSpec, conditions) -> dict[str, str]:
     """
     out = {}
     for name in conditions:
-        bar = spec.heldout_pass_at if name == "aligned" else spec.heldout_control_below
+        aligned = condition_of(name) == "aligned"
+        bar = spec.heldout_pass_at if aligned else spec.heldout_control_below
         if bar is not None:
-            out[name] = f">= {bar:g}" if name == "aligned" else f"< {bar:g}"
+            out[name] = f">= {bar:g}" if aligned else f"< {bar:g}"
     return out
 
 

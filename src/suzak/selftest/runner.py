@@ -13,7 +13,7 @@ from pathlib import Path
 from suzak import SuzakError
 from suzak.selftest import priors
 from suzak.selftest.config import SelfTestConfig
-from suzak.selftest.report import heldout_needs, margins, needs, quiet_progress, verdicts, windows
+from suzak.selftest.report import condition_of, heldout_needs, margins, needs, quiet_progress, verdicts, windows
 from suzak.selftest.spec import NO_TOOL
 
 __all__ = ["PORTS_FROM", "run_selftest", "unsuppressed_tokens"]
@@ -22,19 +22,23 @@ logger = logging.getLogger(__name__)
 
 
 class RewardTrace:
-    """Collects the mean reward of every training step from the trainer's logs."""
+    """Collects the mean reward of every training step from the trainer's logs: ``rewards[""]`` the figure ``key``;
+    for a mixture (``sources``) ``rewards[source]`` each source's instead (``sources/<name>/reward``, logged by the
+    trainer for a step holding rows of it)."""
 
-    def __init__(self, key: str = "reward"):
+    def __init__(self, key: str = "reward", sources: tuple[str, ...] = ()):
         from transformers import TrainerCallback
 
         trace = self
+        keys = {source: f"sources/{source}/reward" for source in sources} or {"": key}
 
         class Callback(TrainerCallback):
             def on_log(self, args, state, control, logs=None, **kwargs):
-                if logs and key in logs:
-                    trace.rewards.append(float(logs[key]))
+                for part, name in keys.items():
+                    if logs and name in logs:
+                        trace.rewards[part].append(float(logs[name]))
 
-        self.rewards: list[float] = []
+        self.rewards: dict[str, list[float]] = {part: [] for part in keys}
         self.callback = Callback()
 
 
@@ -84,7 +88,7 @@ def train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path
     )  # fmt: skip
     rewards, weights, figure = config.task_module.rewards(config, processor.tokenizer)
     args.reward_weights = weights
-    trace = RewardTrace(figure)
+    trace = RewardTrace(figure, spec.sources)
     trainer = VLMGRPOTrainer(
         model=model, reward_funcs=rewards, args=args, train_dataset=train_rows,
         processing_class=processor, pixel_budget=budget, video_budget=video_budget, callbacks=[trace.callback],
@@ -211,9 +215,10 @@ def unsuppressed_tokens(trainer, engine) -> list[str]:
     return trainer.processing_class.tokenizer.convert_ids_to_tokens(missing)
 
 
-def heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> tuple[float, list[str]]:
+def heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> tuple[dict[str, float], list[str]]:
     """(accuracy of greedy answers on unseen aligned rows through the evaluation engine, unsuppressed tokens); with
-    ``toolset``, answered through the evaluation's tool loop (:mod:`suzak.eval.tool_loop`) as training rolled out."""
+    ``toolset``, answered through the evaluation's tool loop (:mod:`suzak.eval.tool_loop`) as training rolled out.
+    The accuracy is ``{"": all rows}``, or for a mixture ``{source: its rows}``."""
     from suzak.eval.engine import HFEngine
     from suzak.media.boxes import with_box_frame
 
@@ -230,7 +235,10 @@ def heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> 
         from suzak.eval.tool_loop import ToolLoop
 
         outputs = [r["model_output"] for r in ToolLoop(engine, toolset, max_iterations=1).generate(rows)]
-    return statistics.fmean(config.task_module.score(config, outputs, rows)), unsuppressed_tokens(trainer, engine)
+    scores = config.task_module.score(config, outputs, rows)
+    parts = {source: [s for s, row in zip(scores, rows, strict=True) if row["source"] == source]
+             for source in config.spec.sources} or {"": scores}  # fmt: skip
+    return {part: statistics.fmean(values) for part, values in parts.items()}, unsuppressed_tokens(trainer, engine)
 
 
 def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = None) -> dict:
@@ -258,29 +266,33 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus,
                                  **spec.tiny)  # fmt: skip
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)
-        runs = {}
+        runs = {}  # a condition's run, or for a mixture each source's rows of it ("aligned/colour", ...)
         for images, (rewards, accuracy, unsuppressed, checks, kept) in train_conditions(config, model_dir, conditions,
                                                                                         Path(tmp)).items():  # fmt: skip
-            runs[images] = {"rewards": rewards, "heldout": accuracy, "unsuppressed": unsuppressed, "checks": checks,
-                            "kept_prior": kept}  # fmt: skip
+            for part, values in rewards.items():
+                runs[f"{images}/{part}" if part else images] = {
+                    "rewards": values, "heldout": accuracy[part], "unsuppressed": unsuppressed, "checks": checks,
+                    "kept_prior": kept}  # fmt: skip
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     accuracies = {name: run["heldout"] for name, run in runs.items()}
     ok = verdicts(spec, last, accuracies)
     if "aligned" in runs and NO_TOOL in runs:  # the tool must beat the best the model reached without it
         best = max([*windows(runs[NO_TOOL]["rewards"]), runs[NO_TOOL]["heldout"]])
         ok["beats_no_tool"] = runs["aligned"]["heldout"] > best
-    controls = [name for name in conditions if name != "aligned"]
+    controls = [name for name in runs if condition_of(name) != "aligned"]
+    aligned = [name for name in runs if condition_of(name) == "aligned"]
     unsuppressed = sorted({token for run in runs.values() for token in run["unsuppressed"]})
     return {
         "task": config.task,
         "family": config.family,
         "seed": config.seed,
-        "aligned_accuracy": last.get("aligned"),
-        "control_accuracy": last[controls[0]] if controls else None,
+        # a mixture's: its weakest source's aligned figures and the control's source farthest above chance
+        "aligned_accuracy": min(last[name] for name in aligned) if aligned else None,
+        "control_accuracy": max(last[name] for name in controls) if controls else None,
         "last10": last,
         "needs": {name: needs(spec, name) for name in last},
         "chance": spec.chance,
-        "heldout_accuracy": runs["aligned"]["heldout"] if "aligned" in runs else None,
+        "heldout_accuracy": min(accuracies[name] for name in aligned) if aligned else None,
         "heldout": accuracies,
         "heldout_needs": heldout_needs(spec, list(runs)),
         "verdicts": ok,

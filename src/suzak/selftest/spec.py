@@ -58,6 +58,7 @@ class TaskSpec:
     tiny: dict[str, int] = field(default_factory=dict)  # the tiny model's sizes where the task's differ (TinyConfig)
     heldout_pass_at: float | None = None  # the aligned run's held-out greedy accuracy must reach this (None: no bar)
     heldout_control_below: float | None = None  # a control's held-out accuracy must stay below this (None: no bar)
+    sources: tuple[str, ...] = ()  # a mixture's sources: every bar applies to each source's rows (condition/source)
 
     def for_family(self, family: str) -> TaskSpec:
         """The settings for the tiny model of ``family``: the task's, with the fields measured otherwise for it.
