@@ -157,6 +157,28 @@ def test_suzak_eval_rec_on_vlm_r1s_file_names_the_frame_and_draws_the_boxes(tmp_
     assert Image.open(tmp_path / "rec.png").size[0] >= 256
 
 
+def test_the_box_picture_marks_gold_and_predicted_and_shows_each_question(tmp_path):
+    """`suzak eval`'s picture of boxes: the gold box green, the answer red (a point as a cross), each named on the
+    picture and in a legend, the item's question under its image."""
+    from suzak.eval.report import GOLD_COLOUR, PREDICTED_COLOUR, draw_boxes
+
+    images = [Image.new("RGB", (512, 256), (255, 255, 255)), Image.new("RGB", (256, 256), (255, 255, 255))]
+    results = [{"ground_truth": {"boxes": [[0, 0, 256, 256]]}, "extracted_answer": [256, 0, 512, 256]},
+               {"ground_truth": {"boxes": [[0, 0, 128, 128]]}, "extracted_answer": [200, 200]}]  # fmt: skip
+    path = draw_boxes(tmp_path / "boxes.png", images, results, ["Locate the blue circle.", "Click the red button."])
+    sheet = Image.open(path).convert("RGB")
+    legend, size, caption = 20, 256, 30
+    assert sheet.size == (2 * size, legend + size + caption)
+    pixels = sheet.load()
+    assert pixels[64, legend + 64] == (255, 255, 255)  # inside the gold box: the image itself
+    assert pixels[1, legend + 100] == GOLD_COLOUR and pixels[size // 2 + 1, legend + 100] == PREDICTED_COLOUR
+    assert pixels[size + 200, legend + 200] == PREDICTED_COLOUR  # the point's cross, at (200, 200) of a 256 image
+    colours = {pixels[x, y] for x in range(size) for y in range(legend)}  # the legend names both (antialiased text)
+    assert any(g - r > 100 for r, g, _ in colours) and any(r - g > 100 for r, g, _ in colours)
+    under = [pixels[x, y] for x in range(size) for y in range(legend + size + 2, legend + size + caption)]
+    assert any(p != (255, 255, 255) for p in under)  # the question is written under the image
+
+
 def test_grounding_shapes_task_and_the_rule_a_task_lacks(tiny_model_dir, tmp_path):
     from suzak.eval import cli
 

@@ -242,24 +242,54 @@ def tool_lines(runs: list[RunResult]) -> list[str]:
     return lines
 
 
-def draw_boxes(path: Path, images: list, results: list[dict], size: int = 256) -> Path:
-    """A PNG of the first items' images (up to 8), each with its gold box in green and the model's box (the selected
-    rule's extracted answer, original pixels) in red; written to ``path``."""
-    from PIL import Image, ImageDraw
+GOLD_COLOUR, PREDICTED_COLOUR = (0, 170, 0), (230, 0, 0)
 
+
+def draw_boxes(path: Path, images: list, results: list[dict], questions: list[str] | None = None,
+               size: int = 256) -> Path:  # fmt: skip
+    """A PNG of the first items' images (up to 8): each with its gold box in green marked "gold" and the model's
+    answer in red marked "predicted" (the selected rule's extracted answer in original pixels: a box, or a point as a
+    cross), the item's question under it; a legend on top says which colour is which. Written to ``path``."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=11)
+    caption, legend = 30, 20  # pixels: two lines of question under each tile, the legend's strip on top
     tiles = []
-    for image, result in zip(images, results, strict=False):
+    for i, (image, result) in enumerate(zip(images, results, strict=False)):
         scale = size / max(image.size)
-        tile = image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+        tile = Image.new("RGB", (size, size + caption), (255, 255, 255))
+        tile.paste(image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale)))))
         draw = ImageDraw.Draw(tile)
-        for box, colour in [(b, (0, 200, 0)) for b in result["ground_truth"]["boxes"]] + (
-                [(result["extracted_answer"], (230, 0, 0))] if result.get("extracted_answer") else []):  # fmt: skip
-            x1, y1, x2, y2 = (v * scale for v in box)
-            if x2 > x1 and y2 > y1:
+        marks = [(box, GOLD_COLOUR, "gold") for box in result["ground_truth"]["boxes"]]
+        if result.get("extracted_answer"):
+            marks.append((result["extracted_answer"], PREDICTED_COLOUR, "predicted"))
+        for mark, colour, name in marks:
+            values = [v * scale for v in mark]
+            if len(values) == 2:  # a point (a click): a cross
+                x, y = values
+                draw.line([x - 6, y, x + 6, y], fill=colour, width=2)
+                draw.line([x, y - 6, x, y + 6], fill=colour, width=2)
+                draw.text((x + 4, y + 2), name, fill=colour, font=font)
+            elif len(values) == 4 and values[2] > values[0] and values[3] > values[1]:
+                x1, y1, x2, y2 = values
                 draw.rectangle([x1, y1, x2, y2], outline=colour, width=2)
+                draw.text((x1 + 2, y1 + 1 if name == "gold" else max(y2 - 13, 0)), name, fill=colour, font=font)
+        question = (questions[i] if questions and i < len(questions) else "") or ""
+        words, lines = question.split(), [""]
+        for word in words:  # wrap to the tile's width, two lines at most
+            if draw.textlength(f"{lines[-1]} {word}".strip(), font=font) > size - 6 and lines[-1]:
+                lines.append("")
+            lines[-1] = f"{lines[-1]} {word}".strip()
+        text = "\n".join(lines[:2]) + ("…" if len(lines) > 2 else "")
+        draw.multiline_text((3, size + 2), text, fill=(0, 0, 0), font=font, spacing=2)
         tiles.append(tile)
-    sheet = Image.new("RGB", (size * max(1, min(4, len(tiles))), size * max(1, -(-len(tiles) // 4))), (255, 255, 255))
+    columns, rows = max(1, min(4, len(tiles))), max(1, -(-len(tiles) // 4))
+    sheet = Image.new("RGB", (size * columns, legend + (size + caption) * rows), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    draw.text((4, 4), "gold", fill=GOLD_COLOUR, font=font)
+    draw.text((4 + draw.textlength("gold ", font=font), 4), "predicted (the model's answer)", fill=PREDICTED_COLOUR,
+              font=font)  # fmt: skip
     for i, tile in enumerate(tiles):
-        sheet.paste(tile, ((i % 4) * size, (i // 4) * size))
+        sheet.paste(tile, ((i % 4) * size, legend + (i // 4) * (size + caption)))
     sheet.save(path)
     return path

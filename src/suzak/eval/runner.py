@@ -44,6 +44,7 @@ from suzak.media.boxes import FRAMES, BoxFrame, put_question_boxes, question_box
 from suzak.media.video import VideoBudgetArguments
 from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
 from suzak.models.tools import check_tool_settings, resolve_tools
+from suzak.scoring.prompts import question_text
 
 __all__ = [
     "EvalConfig",
@@ -612,7 +613,8 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     if boxes:
         shown["box_frame"] = f"{engine.model_type}: {FRAMES[engine.model_type].description}"
         results = json.loads(Path(greedy.path).read_text(encoding="utf-8"))["results"]
-        picture = draw_boxes(output.with_suffix(".png"), [_load_image(item.images[0]) for item in items[:8]], results)
+        picture = draw_boxes(output.with_suffix(".png"), [_load_image(item.images[0]) for item in items[:8]], results,
+                             [question_text(item.prompt) for item in items[:8]])  # fmt: skip
         shown["boxes_plot"] = picture.name
     summary_path.write_text(markdown_summary(task.name, config.model_path, greedy, sampled, shown), encoding="utf-8")
     report = EvalReport(task.name, config.model_path, greedy, sampled, str(summary_path), skipped, budget)

@@ -23,6 +23,7 @@ __all__ = [
     "after_opening",
     "build_conversation",
     "get_template",
+    "question_text",
     "render_answer",
     "render_prompt",
     "template_opening",
@@ -143,6 +144,25 @@ def build_conversation(text: str, num_images: int = 1, *, video: bool = False) -
     parts = [{"type": "video"}] if video else []
     content = parts + [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
     return [{"role": "user", "content": content}]
+
+
+def question_text(prompt: str | list[dict]) -> str:
+    """The words of a prompt's user turns (a conversation's text parts joined; a plain prompt as it is), for a
+    caption or a log line.
+
+    >>> question_text(build_conversation("Locate the blue circle."))
+    'Locate the blue circle.'
+    """
+    if isinstance(prompt, str):
+        return prompt
+    texts = []
+    for turn in prompt:
+        if turn.get("role") != "user":
+            continue
+        content = turn.get("content")
+        parts = [content] if isinstance(content, str) else [p.get("text") for p in content or [] if isinstance(p, dict)]
+        texts += [text for text in parts if text]
+    return " ".join(texts)
 
 
 def template_opening(processing_class: Any, chat_template_kwargs: dict | None = None) -> str:
