@@ -258,7 +258,9 @@ def draw_boxes(path: Path, images: list, results: list[dict], questions: list[st
     for i, (image, result) in enumerate(zip(images, results, strict=False)):
         scale = size / max(image.size)
         tile = Image.new("RGB", (size, size + caption), (255, 255, 255))
-        tile.paste(image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale)))))
+        tile.paste(
+            image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+        )
         draw = ImageDraw.Draw(tile)
         marks = [(box, GOLD_COLOUR, "gold") for box in result["ground_truth"]["boxes"]]
         if result.get("extracted_answer"):
