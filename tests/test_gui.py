@@ -134,6 +134,14 @@ def test_python_m_suzak_data_writes_gui_click(tmp_path):
     assert np.array_equal(_pixels(back[1]), _pixels(built[1]))
 
 
+def test_a_runs_held_out_rows_are_the_next_indices():
+    from suzak.training.build import _held_out
+
+    train, held = _held_out("gui_click", {"num_rows": 2, "seed": 3}, gui_click(2, seed=3), 2)
+    assert train["index"] == [0, 1] and [row["index"] for row in held] == [2, 3]
+    assert [row["solution"] for row in held] == gui_click(2, seed=3, start=2)["solution"]
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_rows_train_as_boxes_until_the_click_reward_is_in(family):
     """With the `rec` prompt the rows are grounding rows: they pass the checks before step 1 at a recipe's budget
