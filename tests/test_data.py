@@ -183,6 +183,7 @@ def test_gsm8k_synthetic_rows_are_valid_gsm8k(tmp_path):
     ("name", "options", "valid"),
     [
         ("gsm8k_synthetic", {"num_row": 5}, "num_rows, seed, start, template"),
+        ("gui_click", {"num_row": 5}, "num_rows, seed, start, min_width, max_width"),
         ("clevr_synthetic", {"num_row": 5}, "num_rows, seed, start, min_objects"),
         ("clevr_cogen", {"splits": "train"}, "split, template, revision, cache_dir"),
         ("geoqa_r1v", {"streaming": True}, "split, template, revision, cache_dir"),

@@ -28,6 +28,7 @@ from suzak import SuzakError
 from suzak.data.colors import color_squares
 from suzak.data.files import read_jsonl
 from suzak.data.grounding import grounding_shapes
+from suzak.data.gui import gui_click
 from suzak.data.motion import moving_ball
 from suzak.data.refcoco import refcoco
 from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
@@ -47,6 +48,7 @@ __all__ = [
     "geoqa_r1v",
     "grounding_shapes",
     "gsm8k",
+    "gui_click",
     "jsonl",
     "jsonl_record",
     "read_jsonl",
@@ -339,6 +341,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "gsm8k": gsm8k,
     "gsm8k_synthetic": gsm8k_synthetic,
     "grounding_shapes": grounding_shapes,
+    "gui_click": gui_click,
     "zoom_checks": zoom_checks,
     "jsonl": jsonl,
     "moving_ball": moving_ball,
@@ -445,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start,
                     "min_objects": args.min_objects, "max_objects": args.max_objects, "sizes": args.sizes,
                     "zoom": args.zoom, "cells": args.cells}  # fmt: skip
-    elif args.name in ("gsm8k_synthetic", "grounding_shapes"):
+    elif args.name in ("gsm8k_synthetic", "grounding_shapes", "gui_click"):
         options |= {"num_rows": args.num_rows, "seed": args.seed, "start": args.start}
     elif args.name == "zoom_checks":
         options |= {"num_rows": args.num_rows, "seed": args.seed}

@@ -5,6 +5,8 @@ writes a question for the model or an ideal answer goes through this module, so 
 
 >>> render_prompt("r1v", "How many items are there in the image?")
 'How many items are there in the image?  Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags.'
+>>> render_prompt("click", "the blue round button")
+'Click the blue round button in this screenshot. Output the point as JSON {"point_2d": [x, y]}.'
 >>> render_answer("think_answer", "3", reasoning="I see 3 objects.")
 '<think> I see 3 objects. </think> <answer> 3 </answer>'
 """
@@ -63,6 +65,9 @@ _REC_R1 = (
     "thinking process in <think> </think> tags and then output the final answer in <answer> </answer> tags. Output "
     "the final answer in JSON format."
 )
+# GUI clicks (suzak.data.gui): the answer a point in the model's own box frame (suzak.media.boxes), JSON "point_2d"
+# (the key Qwen VL models point with); it is right when inside the named element's box.
+_CLICK = 'Click {problem} in this screenshot. Output the point as JSON {{"point_2d": [x, y]}}.'
 # R1-V's training instruction for any short answer (a word, an option, a number), not only a count.
 _THINK = "{problem}  Output the thinking process in <think> </think> and final answer in <answer> </answer> tags."
 _GSM8K_HASH = (
@@ -82,6 +87,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("think", _THINK, "think_answer", "R1-style <think>/<answer> for any short answer (zoom recipe)"),
         PromptTemplate("rec", _REC, "box", "grounding: the referred object's box in the model's frame"),
         PromptTemplate("rec_r1", _REC_R1, "think_answer", "grounding as VLM-R1 trains it: the box as JSON in <answer>"),
+        PromptTemplate("click", _CLICK, "point", "GUI click: a point inside the named element, in the model's frame"),
     )
 }
 
