@@ -547,3 +547,18 @@ def test_the_mixtures_rewards_score_each_source_alone():
     batch = {"completions": ["red", "red", "blue"], "completion_ids": [[11], [11], [11]],
              "solution": ["red", "red", "blue"], "source": ["colour", "video", "video"], "trainer_state": None}  # fmt: skip
     assert funcs[0](**batch) == [1.0, None, None] and funcs[1](**batch) == [None, 1.0, 0.0]
+
+
+@pytest.mark.slow
+def test_mixture_selftest_learns_each_source_through_its_own_pixels(tmp_path):
+    """Two sources of two tasks in one run (colour squares and video clips, each scored by its own routed reward):
+    each source's reward and held-out accuracy climb with aligned images and stay at chance with each source's
+    images shuffled among its own rows (docs/selftest.md, the mixture)."""
+    report, stdout = run_selftest_command(tmp_path / "mixture.json", ["--task", "mixture", "--seed", "0"], timeout=2400)
+    assert_passes(report, "mixture")
+    last, heldout = report["detail"]["last10"], report["detail"]["heldout"]
+    assert set(last) == {"aligned/colour", "aligned/video", "shuffled/colour", "shuffled/video"}
+    assert min(last["aligned/colour"], last["aligned/video"]) >= 0.9 and min(heldout["aligned/colour"],
+                                                                             heldout["aligned/video"]) >= 0.9  # fmt: skip
+    assert all(0.3 <= last[f"shuffled/{s}"] <= 0.7 and heldout[f"shuffled/{s}"] < 0.7 for s in ("colour", "video"))
+    assert "| steps | aligned/colour reward | aligned/video reward |" in stdout
