@@ -62,13 +62,21 @@ def table(rows: list[dict]) -> str:
     lines = ["| task | family | generation | seed | steps | aligned (last 10) | control (last 10) | held-out aligned / "
              "control | tightest bar: margin (needs) | safe | seconds |", "|---|---|---|---:|---:|---:|---:|---|---|---|---:|"]  # fmt: skip
     for row in rows:
-        control = next(name for name in row["last10"] if name != "aligned")
+        # a mixture's runs are named <condition>/<source>: each source's figure, in the same order
+        aligned = [name for name in row["last10"] if name.split("/")[0] == "aligned"]
+        controls = [name for name in row["last10"] if name.split("/")[0] != "aligned"]
         spare, bar = min((got - need, bar) for bar, (got, need) in row["margins"].items())
         got, need = row["margins"][bar]
+
+        def figures(values: dict, names: list[str]) -> str:
+            return ", ".join(f"{values[name]:.3f}" for name in names)
+
+        label = controls[0].split("/")[0] + (" per source" if "/" in controls[0] else "")
         lines.append(f"| {row['task']} | {row['family']} | {row['generation']} | {row['seed']} | {row['steps']} | "
-                     f"{row['last10']['aligned']:.3f} | {row['last10'][control]:.3f} ({control}) | "
-                     f"{row['heldout']['aligned']:.3f} / {row['heldout'][control]:.3f} | {bar}: {got:+.3f} ({need:g}) | "
-                     f"{'yes' if spare >= 0 and row['passed'] else 'NO'} | {row['seconds']:.0f} |")  # fmt: skip
+                     f"{figures(row['last10'], aligned)} | {figures(row['last10'], controls)} ({label}) | "
+                     f"{figures(row['heldout'], aligned)} / {figures(row['heldout'], controls)} | "
+                     f"{bar}: {got:+.3f} ({need:g}) | {'yes' if spare >= 0 and row['passed'] else 'NO'} | "
+                     f"{row['seconds']:.0f} |")  # fmt: skip
     return "\n".join(lines)
 
 
