@@ -15,6 +15,10 @@ qwen3_vl        relative, integers on [0, 1000]                           ``{"bb
 qwen3_5         relative, integers on [0, 1000] (as Qwen3-VL)             ``{"bbox_2d": [x1, y1, x2, y2]}``
 ==============  ========================================================  ============================================
 
+A click (GUI grounding) is a point in the same frame, written ``{"point_2d": [x, y]}`` in every family
+(:meth:`BoxFrame.click_point`, :func:`render_point`); a row whose gold box is to be clicked says so in
+:data:`ANSWER_KIND_COLUMN`.
+
 :class:`BoxFrame` is one image's frame: the family, the original size and the size the pixel budget gives it (the
 exact size training, vLLM and evaluation feed the model: :meth:`suzak.media.vision.PixelBudget.size`). Changing the budget
 moves the boxes with the image. A model-frame box maps to original pixels and back to the same integers exactly;
@@ -41,6 +45,7 @@ from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudg
 from suzak.scoring.parsing import gold_answer, gold_boxes
 
 __all__ = [
+    "ANSWER_KIND_COLUMN",
     "BOX_FRAME_COLUMN",
     "DATASET_FRAMES",
     "FRAMES",
@@ -52,12 +57,17 @@ __all__ = [
     "match_f1",
     "model_answer",
     "render_boxes",
+    "render_point",
     "to_pixels",
     "with_box_frame",
 ]
 
 BOX_FRAME_COLUMN = "box_frame"  # the column the trainer adds to a row with one image: its frame, for the rewards
 QUESTION_BOXES_COLUMN = "question_boxes"  # boxes a row's question names ({box}, {box2}, ...), in original pixels
+# What a row's answer is, when its gold is a box: the box itself ("box", the default) or a point inside it ("point": a
+# GUI click, scored by click_accuracy). model_answer renders the ideal answer (pre-flight, SFT targets) by it.
+ANSWER_KIND_COLUMN = "answer_kind"
+ANSWER_KINDS = ("box", "point")
 _QUESTION_MARK = re.compile(r"\{box(\d*)\}")
 Box = tuple[float, float, float, float]
 
@@ -187,6 +197,48 @@ class BoxFrame:
         """The original-pixel ``boxes`` in this frame, in the family's native answer form (:func:`render_boxes`)."""
         return render_boxes([self.to_model(box) for box in boxes], self.spec.form, label)
 
+    def point_in_frame(self, point: Sequence[float]) -> bool:
+        """Whether a model-frame point (a click) lies in this frame, its edges included.
+
+        >>> frame = BoxFrame("qwen2_5_vl", 200, 100, 196, 98)
+        >>> frame.point_in_frame((196, 0)), frame.point_in_frame((197, 0)), frame.point_in_frame((-1, 5))
+        (True, False, False)
+        """
+        top_x, top_y = self.extent
+        x, y = point
+        return 0 <= x <= top_x and 0 <= y <= top_y
+
+    def point_from_model(self, point: Sequence[float]) -> tuple[float, float]:
+        """A model-frame point in original pixels (floats), as :meth:`from_model` maps a box's corners.
+
+        >>> BoxFrame("qwen3_vl", 200, 100, 192, 96).point_from_model((500, 250))
+        (100.0, 25.0)
+        """
+        x, y = (float(v) for v in point)
+        return self.from_model((x, y, x, y))[:2]
+
+    def point_in_box(self, point: Sequence[float], box: Sequence[float]) -> bool:
+        """Whether a model-frame point is a click on an original-pixel ``box``: inside the box as this frame rounds it
+        (:meth:`to_model`), its edges included.
+
+        >>> frame = BoxFrame("qwen2_5_vl", 200, 100, 196, 98)
+        >>> frame.point_in_box((98, 0), (0, 0, 100, 100)), frame.point_in_box((99, 0), (0, 0, 100, 100))
+        (True, False)
+        """
+        x1, y1, x2, y2 = self.to_model(box)
+        x, y = point
+        return x1 <= x <= x2 and y1 <= y <= y2
+
+    def click_point(self, box: Sequence[float]) -> tuple[int, int]:
+        """Where a model should click an original-pixel ``box``: the box's centre in this frame, integers (always a
+        click on the box, :meth:`point_in_box`).
+
+        >>> BoxFrame("qwen2_5_vl", 200, 100, 196, 98).click_point((0, 0, 100, 100))
+        (49, 49)
+        """
+        x1, y1, x2, y2 = self.to_model(box)
+        return round((x1 + x2) / 2), round((y1 + y2) / 2)
+
 
 def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget) -> dict[str, Any]:
     """``row`` with its :data:`BOX_FRAME_COLUMN`: the frame of its one image (:meth:`BoxFrame.as_dict`) for a model
@@ -276,19 +328,29 @@ def put_question_boxes(prompt: Any, boxes: list[list[float]], frame: BoxFrame) -
 
 def model_answer(row: dict[str, Any], label: str | None = None) -> str:
     """The gold answer of ``row`` as its model should write it: a grounding row's gold boxes (original pixels) in its
-    frame (:data:`BOX_FRAME_COLUMN`) and the family's form; any other row's gold answer as it is
-    (:func:`suzak.scoring.parsing.gold_answer`). The reward pre-flight's and SFT's target.
+    frame (:data:`BOX_FRAME_COLUMN`) and the family's form; a click row's (:data:`ANSWER_KIND_COLUMN` ``point``) the
+    centre of its gold box in its frame as ``{"point_2d": [x, y]}`` (:meth:`BoxFrame.click_point`); any other row's
+    gold answer as it is (:func:`suzak.scoring.parsing.gold_answer`). The reward pre-flight's and SFT's target.
 
     >>> frame = {"family": "qwen2_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
     >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame}), model_answer({"solution": "<answer> 3 </answer>"})
     ('<|box_start|>(100,100),(600,600)<|box_end|>', '3')
+    >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame, "answer_kind": "point"})
+    '{"point_2d": [350, 350]}'
     """
     gold = gold_answer(row["solution"])
+    kind = row.get(ANSWER_KIND_COLUMN) or "box"
+    if kind not in ANSWER_KINDS:
+        raise ValueError(f"{ANSWER_KIND_COLUMN} {kind!r} is none of {', '.join(ANSWER_KINDS)}")
     frame = row.get(BOX_FRAME_COLUMN)
     boxes = gold_boxes(gold) if frame is not None else None
+    if kind == "point" and not boxes:
+        why = "no box frame (a click is read on the row's one image)" if frame is None else f"no box in {gold!r:.80}"
+        raise ValueError(f"a click row ({ANSWER_KIND_COLUMN} 'point') has {why}")
     if not boxes:
         return gold
-    return (frame if isinstance(frame, BoxFrame) else BoxFrame.from_dict(frame)).render(boxes, label)
+    frame = frame if isinstance(frame, BoxFrame) else BoxFrame.from_dict(frame)
+    return render_point(frame.click_point(boxes[0])) if kind == "point" else frame.render(boxes, label)
 
 
 def _clamp(value: int, top: int) -> int:
@@ -312,6 +374,15 @@ def render_boxes(model_boxes: Sequence[Sequence[int]], form: str, label: str | N
         raise ValueError(f"unknown box form {form!r}: tokens or json")
     objects = [{"bbox_2d": box} | ({"label": label} if label else {}) for box in ints]
     return json.dumps(objects[0] if len(objects) == 1 else objects)
+
+
+def render_point(model_point: Sequence[int]) -> str:
+    """A model-frame point (a click) as Qwen2.5-VL and Qwen3-VL write one, the form every family's click is read in.
+
+    >>> render_point((12, 40))
+    '{"point_2d": [12, 40]}'
+    """
+    return json.dumps({"point_2d": [int(v) for v in model_point]})
 
 
 def to_pixels(box: Sequence[float], frame: str, width: int, height: int) -> Box:

@@ -45,7 +45,9 @@ __all__ = [
     "parse_gsm8k_answer",
     "parse_int_answer",
     "parse_number",
+    "parse_point",
     "parse_word",
+    "point_parser",
     "r1v_accuracy",
     "r1v_count",
     "r1v_math_verify",
@@ -400,6 +402,41 @@ def box_parser(answer_format: str) -> Callable[[str], list[tuple[float, float, f
     if answer_format in ("box", "plain"):
         return parse_boxes
     raise ValueError(f"boxes are read in the box or think_answer answer formats, not {answer_format!r}")
+
+
+# A point (a GUI click): "(x, y)" or "[x, y]" (JSON "point_2d" values among them). Boxes are taken out first, so the
+# corners of Qwen2-VL's "(x1,y1),(x2,y2)" are never read as points.
+_POINT_RE = re.compile(rf"\({_BOX_NUMBER},{_BOX_NUMBER}\)|\[{_BOX_NUMBER},{_BOX_NUMBER}\]")
+
+
+def parse_point(text: str) -> tuple[float, float] | None:
+    """The first point in ``text``, in whatever frame the writer used: JSON ``{"point_2d": [x, y]}`` (also in a list,
+    or with a ``label``), ``(x, y)`` or ``[x, y]``; None when it holds none. A box is no point.
+
+    >>> parse_point('[{"point_2d": [120, 45], "label": "OK button"}]'), parse_point("click (12.5, 40)")
+    ((120.0, 45.0), (12.5, 40.0))
+    >>> parse_point("(1,2),(3,4)"), parse_point("[1, 2, 3, 4]"), parse_point("[1, 2, 3]")
+    (None, None, None)
+    """
+    match = _POINT_RE.search(_BOX_RE.sub(" ", text))
+    if match is None:
+        return None
+    x, y = (float(v) for v in match.groups() if v is not None)
+    return x, y
+
+
+def point_parser(answer_format: str) -> Callable[[str], tuple[float, float] | None]:
+    """The point of a completion in ``answer_format``, as :func:`box_parser` reads boxes: ``box`` or ``plain`` read
+    the whole text, ``think_answer`` the last ``<answer>`` tag (no tag: no point).
+
+    >>> point_parser("think_answer")('<think> (5, 5)? </think> <answer>{"point_2d": [7, 8]}</answer>')
+    (7.0, 8.0)
+    """
+    if answer_format == "think_answer":
+        return lambda text: parse_point(extract_tag(text) or "")
+    if answer_format in ("box", "plain"):
+        return parse_point
+    raise ValueError(f"points are read in the box, plain or think_answer answer formats, not {answer_format!r}")
 
 
 # VLM-R1's REC evaluation (om-ai-lab/VLM-R1 src/eval/test_rec_r1.py): the first <answer> block, then the last

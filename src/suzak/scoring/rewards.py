@@ -37,6 +37,7 @@ from suzak.scoring.parsing import (
     parse_int_answer,
     parse_number,
     parse_word,
+    point_parser,
     with_opening,
     word_parser,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "REWARDS",
     "box_f1",
     "box_format",
+    "click_accuracy",
     "iou",
     "rec_accuracy",
     "read_after_opening",
@@ -409,6 +411,40 @@ def box_f1(completions: list, solution: list, box_frame: list | None = None, ans
             for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
 
 
+# --- GUI grounding: a click in the model's own frame ---------------------------------------------------------------
+
+
+@_reads_gold(gold_boxes)
+def click_accuracy(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+                   log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the completion's point (a GUI click: ``{"point_2d": [x, y]}``, ``(x, y)`` or ``[x, y]``, the first one:
+    :func:`suzak.scoring.parsing.parse_point`) lies on the gold box (the first; original pixels), both in the model's
+    frame (:meth:`suzak.media.boxes.BoxFrame.point_in_box`: the box as the frame rounds it, edges included), else 0.0.
+    No point: 0.0, counted in ``click_accuracy/unparsed_frac``; a point outside the frame: 0.0, counted in
+    ``click_accuracy/invalid_frac``. ``answer_format``: ``box`` (a point anywhere in the completion) or
+    ``think_answer`` (in the last ``<answer>`` tag).
+
+    A click row carries ``answer_kind: point`` (:data:`suzak.media.boxes.ANSWER_KIND_COLUMN`): its ideal answer, for the
+    pre-flight and SFT, is then the box's centre in the frame as ``{"point_2d": [x, y]}`` rather than the box.
+
+    >>> frame = {"family": "qwen2_5_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
+    >>> click_accuracy(['{"point_2d": [49, 49]}', "(150, 20)", "[300, 20]", "no click"], ["[0, 0, 100, 100]"] * 4,
+    ...                [frame] * 4)
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    frames = _box_frames(box_frame, len(completions), "click_accuracy")
+    golds = _golds(solution, gold_boxes, "click_accuracy")
+    parse = point_parser(answer_format)
+    points = [parse(completion_text(c)) for c in completions]
+    clicks = [p if p is not None and frame.point_in_frame(p) else None for p, frame in zip(points, frames, strict=True)]
+    if log_metric is not None:
+        parsed = sum(p is not None for p in points)
+        log_metric("click_accuracy/unparsed_frac", 1 - parsed / max(len(points), 1))
+        log_metric("click_accuracy/invalid_frac", (parsed - sum(c is not None for c in clicks)) / max(parsed, 1))
+    return [float(click is not None and frame.point_in_box(click, gold[0]))
+            for click, gold, frame in zip(clicks, golds, frames, strict=True)]  # fmt: skip
+
+
 # --- tool use: an optional shaping reward ----------------------------------------------------------------------
 
 
@@ -434,7 +470,7 @@ def zoom_used(completions: list, environments: list | None = None, **kwargs) -> 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
-              iou, rec_accuracy, box_format, box_f1, zoom_used)
+              iou, rec_accuracy, box_format, box_f1, click_accuracy, zoom_used)
 }  # fmt: skip
 
 
