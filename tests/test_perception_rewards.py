@@ -7,10 +7,10 @@ import pytest
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.media.boxes import BoxFrame, with_box_frame
+from suzak.media.boxes import BoxFrame, render_boxes, with_box_frame
 from suzak.media.vision import PixelBudget, family_factors
 from suzak.scoring.parsing import parse_point, point_parser
-from suzak.scoring.rewards import click_accuracy, resolve_reward
+from suzak.scoring.rewards import box_f1, box_map, click_accuracy, resolve_reward
 from suzak.training.checks import preflight
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
@@ -100,3 +100,86 @@ def test_a_click_row_without_a_box_is_one_line():
         preflight([{"prompt": PROMPT, "solution": "[0, 0, 5, 5]", "answer_kind": "point"}], [click_accuracy], "box")
     with pytest.raises(SuzakError, match="answer_kind 'points' is none of box, point"):
         preflight([_row("qwen3_vl", "[0, 0, 5, 5]", answer_kind="points")], [click_accuracy], "box")
+
+
+# --- box_map -----------------------------------------------------------------------------------------------------
+
+CUPS = [[100, 100, 400, 300], [900, 500, 1300, 1000], [1500, 80, 1800, 400]]  # original pixels of a 1920x1080 photo
+
+
+def _direct_map(predicted: list, gold: list) -> float:
+    """COCO mAP@[.5:.95] straight from pycocotools, the predictions scored 1.0, 0.99, ... in the order given."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    def xywh(box):
+        return [box[0], box[1], box[2] - box[0], box[3] - box[1]]
+
+    ground = COCO()
+    ground.dataset = {"images": [{"id": 7}], "categories": [{"id": 3}],
+                      "annotations": [{"id": i + 1, "image_id": 7, "category_id": 3, "bbox": xywh(box),
+                                       "area": (box[2] - box[0]) * (box[3] - box[1]), "iscrowd": 0}
+                                      for i, box in enumerate(gold)]}  # fmt: skip
+    ground.createIndex()
+    found = ground.loadRes([{"image_id": 7, "category_id": 3, "bbox": xywh(box), "score": 1.0 - i / 100}
+                            for i, box in enumerate(predicted)])  # fmt: skip
+    evaluation = COCOeval(ground, found, "bbox")
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    return float(evaluation.stats[0])
+
+
+def _shifted(box, dx):
+    return [box[0] + dx, box[1], box[2] + dx, box[3]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_box_map_is_pycocotools_map_in_the_models_frame(family):
+    """box_map equals pycocotools run directly on the model-frame boxes (the gold mapped with to_model), in the
+    written order; perfect boxes score 1.0 and boxes shifted further score less."""
+    frame = BoxFrame.from_dict(_row(family, str(CUPS))["box_frame"])
+    gold = [list(frame.to_model(box)) for box in CUPS]
+    unit = max(gold[0][2] - gold[0][0], 1)  # the first cup's width in model units
+    answers = {
+        "perfect": gold,
+        "reversed": gold[::-1],
+        "one shifted a tenth": [_shifted(gold[0], unit // 10)] + gold[1:],
+        "all shifted a tenth": [_shifted(box, unit // 10) for box in gold],
+        "all shifted a third": [_shifted(box, unit // 3) for box in gold],
+        "a miss first": [[0, 0, 5, 5]] + gold[:2],
+        "two of three": gold[:2],
+    }
+    completions = [render_boxes(boxes, frame.spec.form) for boxes in answers.values()]
+    scores = dict(zip(answers, box_map(completions, [str(CUPS)] * len(completions), [frame.as_dict()] * len(completions)),
+                      strict=True))  # fmt: skip
+    for name, boxes in answers.items():
+        assert scores[name] == pytest.approx(_direct_map(boxes, gold), abs=1e-9), name
+    assert scores["perfect"] == scores["reversed"] == 1.0
+    assert 1.0 > scores["one shifted a tenth"] > scores["all shifted a tenth"] > scores["all shifted a third"]
+    assert 0 < scores["a miss first"] < scores["two of three"] < 1.0
+
+
+def test_box_map_edge_cases_and_counts():
+    frame = BoxFrame("qwen3_vl", 100, 100, 96, 96).as_dict()
+    gold = "[[0, 0, 10, 10], [50, 50, 60, 60]]"  # [0, 0, 100, 100] and [500, 500, 600, 600] in the frame
+    completions = ["no box", "[0, 0, 100, 100] [0, 0, 2000, 2000]", "[0, 0, 2000, 2000] [0, 0, 100, 100]",
+                   "[0, 0, 100, 100]"]  # fmt: skip
+    logged = {}
+    scores = box_map(
+        completions, [gold] * 4, [frame] * 4, log_metric=lambda name, value: logged.__setitem__(name, value)
+    )
+    assert scores[0] == 0.0
+    assert scores[1] == scores[3] == pytest.approx(51 / 101, abs=1e-9)  # a miss after every hit is free
+    assert box_f1(completions[1:2], [gold], [frame]) == [0.5]  # which box_f1 charges for
+    # the box outside the frame is a wrong prediction at its rank
+    outside_first = _direct_map([[0, 0, 0, 0], [0, 0, 100, 100]], [[0, 0, 100, 100], [500, 500, 600, 600]])
+    assert scores[2] == pytest.approx(outside_first, abs=1e-9) and scores[2] < scores[1]
+    assert logged == {"box_map/unparsed_frac": 0.25, "box_map/invalid_frac": 0.4}  # 2 of the 5 boxes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("answer_format", ["box", "think_answer"])
+def test_preflight_passes_detection_rows(family, answer_format):
+    rows = [_row(family, str(CUPS)), _row(family, str(CUPS[:1]), (640, 480))]
+    preflight(rows, [resolve_reward("box_map", {"answer_format": answer_format})], answer_format)

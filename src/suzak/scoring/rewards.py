@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from suzak import SuzakError
-from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, match_f1
+from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, coco_map, match_f1
 from suzak.scoring.parsing import (
     box_parser,
     completion_text,
@@ -47,6 +47,7 @@ __all__ = [
     "REWARDS",
     "box_f1",
     "box_format",
+    "box_map",
     "click_accuracy",
     "iou",
     "rec_accuracy",
@@ -411,6 +412,31 @@ def box_f1(completions: list, solution: list, box_frame: list | None = None, ans
             for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
 
 
+@_reads_gold(gold_boxes)
+def box_map(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+            log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """COCO mAP@[.5:.95] of every predicted box against every gold box of the row, in the model's frame, computed by
+    pycocotools (:func:`suzak.media.boxes.coco_map`; V-Triune weighs the same figure into its detection reward, with
+    labels as categories and a penalty on the box count; here labels are ignored, one category). A completion has no
+    confidences, so its boxes rank in the order written; a box outside the frame is a wrong prediction at its rank
+    (``box_map/invalid_frac``); no box: 0.0 (``box_map/unparsed_frac``).
+
+    AP does not charge for wrong boxes written after all the right ones (they rank below every hit): pair it with
+    :func:`box_f1`, which does, or the policy may learn to add guesses at the end.
+
+    >>> frame = {"family": "qwen3_vl", "width": 100, "height": 100, "resized_width": 96, "resized_height": 96}
+    >>> scores = box_map(['[{"bbox_2d": [0, 0, 100, 100]}, {"bbox_2d": [500, 500, 600, 600]}]', "[500, 500, 600, 600]",
+    ...                   "none"], ["[[0, 0, 10, 10], [50, 50, 60, 60]]"] * 3, [frame] * 3)
+    >>> [round(score, 3) for score in scores]  # half the gold found: 51 of COCO's 101 recall points
+    [1.0, 0.505, 0.0]
+    """
+    frames = _box_frames(box_frame, len(completions), "box_map")
+    golds = _golds(solution, gold_boxes, "box_map")
+    predicted = _predicted_boxes("box_map", completions, frames, answer_format, log_metric)
+    return [0.0 if boxes is None else coco_map(boxes, [frame.to_model(box) for box in gold])
+            for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
+
+
 # --- GUI grounding: a click in the model's own frame ---------------------------------------------------------------
 
 
@@ -470,7 +496,7 @@ def zoom_used(completions: list, environments: list | None = None, **kwargs) -> 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
-              iou, rec_accuracy, box_format, box_f1, click_accuracy, zoom_used)
+              iou, rec_accuracy, box_format, box_f1, box_map, click_accuracy, zoom_used)
 }  # fmt: skip
 
 
