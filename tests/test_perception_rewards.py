@@ -9,8 +9,8 @@ from PIL import Image
 from suzak import SuzakError
 from suzak.media.boxes import BoxFrame, render_boxes, with_box_frame
 from suzak.media.vision import PixelBudget, family_factors
-from suzak.scoring.parsing import parse_point, point_parser
-from suzak.scoring.rewards import box_f1, box_map, click_accuracy, resolve_reward
+from suzak.scoring.parsing import gold_texts, parse_point, point_parser
+from suzak.scoring.rewards import anls, box_f1, box_map, click_accuracy, ocr_exact, resolve_reward
 from suzak.training.checks import preflight
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
@@ -183,3 +183,59 @@ def test_box_map_edge_cases_and_counts():
 def test_preflight_passes_detection_rows(family, answer_format):
     rows = [_row(family, str(CUPS)), _row(family, str(CUPS[:1]), (640, 480))]
     preflight(rows, [resolve_reward("box_map", {"answer_format": answer_format})], answer_format)
+
+
+# --- OCR: anls, ocr_exact ----------------------------------------------------------------------------------------
+
+DOCVQA_GOLD = '["$ 2,500", "2,500"]'  # a DocVQA-style row: the accepted answers of "What is the total cost?"
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("2,500", 1.0),  # exact, the second accepted answer
+        ("$ 2,500", 1.0),
+        ("  $  2,500\n", 1.0),  # whitespace runs and outer whitespace do not count
+        ("2.500", 1 - 1 / 5),  # one substitution in 5 characters: NL 0.2
+        ("$2,500", 1 - 1 / 7),  # the best of the golds: one space short of "$ 2,500" (NL 1/7; 1/6 to "2,500")
+        ("25", 0.0),  # NL 0.6 to "2,500" and 5/7 to "$ 2,500": past tau
+        ("2,5", 1 - 2 / 5),  # NL 0.4 is kept
+        ("the total cost is 2,500 dollars", 0.0),  # the plain format reads the whole completion
+        ("Roche", 0.0),
+    ],
+)  # fmt: skip
+def test_anls_on_docvqa_style_answers(answer, expected):
+    assert anls([answer], [DOCVQA_GOLD]) == [pytest.approx(expected)]
+    assert ocr_exact([answer], [DOCVQA_GOLD]) == [float(expected == 1.0)]
+
+
+def test_anls_case_threshold_and_formats():
+    assert anls(["UNIVERSITY OF IOWA"], ["university of iowa"]) == [1.0]  # case never counts
+    assert anls(["ab"], ["ax"]) == [0.5]  # NL exactly 0.5 keeps its 0.5, as DocVQA's evaluation script scores it
+    assert anls(["abcd"], ["abxy"], threshold=0.4) == [0.0]  # a stricter tau drops NL 0.5
+    assert anls(["abcde"], ["abxde"], threshold=0.2) == [pytest.approx(0.8)]
+    tagged = ["<think> it says 2,500 </think> <answer> 2,500 </answer>", "2,500"]
+    assert anls(tagged, [DOCVQA_GOLD] * 2, answer_format="think_answer") == [1.0, 0.0]
+    assert ocr_exact(tagged, [DOCVQA_GOLD] * 2, answer_format="think_answer") == [1.0, 0.0]
+    logged = {}
+    anls(["", "2,500", "Roche"], [DOCVQA_GOLD] * 3, log_metric=lambda name, value: logged.__setitem__(name, value))
+    assert logged == {"anls/unparsed_frac": pytest.approx(1 / 3)}
+    with pytest.raises(ValueError, match="anls threshold must be in"):
+        anls(["a"], ["a"], threshold=0)
+    with pytest.raises(ValueError, match="ocr_exact: cannot parse the gold solution in batch row 1"):
+        ocr_exact(["a", "b"], ["a", "[]"])
+
+
+def test_gold_texts_reads_one_answer_or_a_list():
+    assert gold_texts(DOCVQA_GOLD) == ["$ 2,500", "2,500"]
+    assert gold_texts("Roche") == ["Roche"] and gold_texts("[3]") == ["[3]"] and gold_texts('["a", 1]') == ['["a", 1]']
+
+
+@pytest.mark.parametrize("answer_format", ["plain", "think_answer"])
+def test_preflight_passes_ocr_rows(answer_format):
+    """The ideal answer of a row with several accepted answers is the first (model_answer), which both rewards score
+    1.0."""
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is the total cost?"}]}]
+    rows = [{"prompt": prompt, "solution": solution} for solution in (DOCVQA_GOLD, "Roche", "<answer> R&D </answer>")]
+    rewards = [resolve_reward(name, {"answer_format": answer_format}) for name in ("anls", "ocr_exact")]
+    preflight(rows, rewards, answer_format)

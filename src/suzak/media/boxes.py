@@ -44,7 +44,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, family_factors, images_of
-from suzak.scoring.parsing import gold_answer, gold_boxes
+from suzak.scoring.parsing import gold_answer, gold_boxes, gold_texts
 
 __all__ = [
     "ANSWER_KIND_COLUMN",
@@ -332,14 +332,17 @@ def put_question_boxes(prompt: Any, boxes: list[list[float]], frame: BoxFrame) -
 def model_answer(row: dict[str, Any], label: str | None = None) -> str:
     """The gold answer of ``row`` as its model should write it: a grounding row's gold boxes (original pixels) in its
     frame (:data:`BOX_FRAME_COLUMN`) and the family's form; a click row's (:data:`ANSWER_KIND_COLUMN` ``point``) the
-    centre of its gold box in its frame as ``{"point_2d": [x, y]}`` (:meth:`BoxFrame.click_point`); any other row's
-    gold answer as it is (:func:`suzak.scoring.parsing.gold_answer`). The reward pre-flight's and SFT's target.
+    centre of its gold box in its frame as ``{"point_2d": [x, y]}`` (:meth:`BoxFrame.click_point`); the first of a
+    list of accepted answers (OCR's, :func:`suzak.scoring.parsing.gold_texts`); any other row's gold answer as it is
+    (:func:`suzak.scoring.parsing.gold_answer`). The reward pre-flight's and SFT's target.
 
     >>> frame = {"family": "qwen2_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
     >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame}), model_answer({"solution": "<answer> 3 </answer>"})
     ('<|box_start|>(100,100),(600,600)<|box_end|>', '3')
     >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame, "answer_kind": "point"})
     '{"point_2d": [350, 350]}'
+    >>> model_answer({"solution": '["1 mg", "1mg"]'})
+    '1 mg'
     """
     gold = gold_answer(row["solution"])
     kind = row.get(ANSWER_KIND_COLUMN) or "box"
@@ -351,7 +354,7 @@ def model_answer(row: dict[str, Any], label: str | None = None) -> str:
         why = "no box frame (a click is read on the row's one image)" if frame is None else f"no box in {gold!r:.80}"
         raise ValueError(f"a click row ({ANSWER_KIND_COLUMN} 'point') has {why}")
     if not boxes:
-        return gold
+        return (gold_texts(gold) or [gold])[0]
     frame = frame if isinstance(frame, BoxFrame) else BoxFrame.from_dict(frame)
     return render_point(frame.click_point(boxes[0])) if kind == "point" else frame.render(boxes, label)
 

@@ -23,21 +23,25 @@ from typing import Any
 from suzak import SuzakError
 from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, coco_map, match_f1
 from suzak.scoring.parsing import (
+    anls_score,
     box_parser,
     completion_text,
     count_parser,
     extract_tag,
     gold_answer,
     gold_boxes,
+    gold_texts,
     has_gsm8k_hash_line,
     is_box_answer,
     is_think_format,
     math_equal,
+    ocr_equal,
     parse_gsm8k_answer,
     parse_int_answer,
     parse_number,
     parse_word,
     point_parser,
+    text_parser,
     with_opening,
     word_parser,
 )
@@ -45,6 +49,7 @@ from suzak.scoring.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
+    "anls",
     "box_f1",
     "box_format",
     "box_map",
@@ -58,6 +63,7 @@ __all__ = [
     "gsm8k_format",
     "gold_parser",
     "math_accuracy",
+    "ocr_exact",
     "r1v_accuracy",
     "resolve_reward",
     "resolve_rewards",
@@ -287,6 +293,53 @@ def word_match(
     return _answer_match("word_match", completions, solution, parse_word, parse_answer, log_metric, log_extra)
 
 
+# --- OCR: DocVQA's answers (suzak.scoring.parsing.anls_score) ------------------------------------------------------
+
+
+def _ocr_scores(name: str, completions: list, solution: list, answer_format: str, score: Callable[[str, list], float],
+                log_metric: Callable | None, log_extra: Callable | None) -> list[float]:  # fmt: skip
+    """``score(answer, accepted answers)`` for each completion's answer; no answer: 0.0, counted."""
+    parse_answer = text_parser(answer_format)  # an unknown format raises here, even for an empty batch
+    golds = _golds(solution, gold_texts, name)
+    answers = [parse_answer(completion_text(c)) for c in completions]
+    _log_unparsed(answers, name, log_metric, log_extra)
+    return [0.0 if a is None else score(a, g) for a, g in zip(answers, golds, strict=True)]
+
+
+@_reads_gold(gold_texts)
+def anls(completions: list, solution: list, answer_format: str = "plain", threshold: float = 0.5,
+         log_metric: Callable | None = None, log_extra: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """DocVQA's ANLS of the answer against the row's accepted answers (the gold: one string, or a JSON list of
+    strings): the best normalised Levenshtein similarity after lower-casing and collapsing whitespace, 0.0 when the
+    distance is past ``threshold`` (tau, 0.5), as DocVQA's evaluation script scores it
+    (:func:`suzak.scoring.parsing.anls_score`). ``answer_format``: ``plain`` (the whole completion, the default) or
+    ``think_answer`` (the last ``<answer>`` tag); no answer: 0.0, counted in ``anls/unparsed_frac``.
+
+    >>> anls(["Total 42", "total  42 ", "Total 4", "Invoice", ""], solution=['["Total: 42", "total 42"]'] * 5)
+    [1.0, 1.0, 0.875, 0.0, 0.0]
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"anls threshold must be in (0, 1], got {threshold}")
+    score = functools.partial(anls_score, threshold=threshold)
+    return _ocr_scores("anls", completions, solution, answer_format, score, log_metric, log_extra)
+
+
+def _exact(answer: str, golds: list[str]) -> float:
+    return float(ocr_equal(answer, golds))
+
+
+@_reads_gold(gold_texts)
+def ocr_exact(completions: list, solution: list, answer_format: str = "plain", log_metric: Callable | None = None,
+              log_extra: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the answer is one of the row's accepted answers after :func:`anls`'s normalisation (lower case,
+    whitespace collapsed), else 0.0; answers read as :func:`anls` reads them.
+
+    >>> ocr_exact(["TOTAL:  42", "Total 42", "<answer>total: 42</answer>"], solution=['["Total: 42"]'] * 3)
+    [1.0, 0.0, 0.0]
+    """
+    return _ocr_scores("ocr_exact", completions, solution, answer_format, _exact, log_metric, log_extra)
+
+
 # --- grounding: boxes in the model's own frame (suzak.media.boxes) ------------------------------------------------------
 
 
@@ -496,7 +549,7 @@ def zoom_used(completions: list, environments: list | None = None, **kwargs) -> 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
-              iou, rec_accuracy, box_format, box_f1, box_map, click_accuracy, zoom_used)
+              anls, ocr_exact, iou, rec_accuracy, box_format, box_f1, box_map, click_accuracy, zoom_used)
 }  # fmt: skip
 
 
