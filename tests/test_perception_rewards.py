@@ -3,14 +3,17 @@ DocVQA's ANLS, V-Triune's dynamic IoU; each passes the reward pre-flight on a ro
 
 from __future__ import annotations
 
+import pickle
+from types import SimpleNamespace
+
 import pytest
 from PIL import Image
 
 from suzak import SuzakError
-from suzak.media.boxes import BoxFrame, render_boxes, with_box_frame
+from suzak.media.boxes import BoxFrame, box_iou, render_boxes, with_box_frame
 from suzak.media.vision import PixelBudget, family_factors
 from suzak.scoring.parsing import gold_texts, parse_point, point_parser
-from suzak.scoring.rewards import anls, box_f1, box_map, click_accuracy, ocr_exact, resolve_reward
+from suzak.scoring.rewards import anls, box_f1, box_map, click_accuracy, dynamic_iou, ocr_exact, resolve_reward
 from suzak.training.checks import preflight
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
@@ -239,3 +242,80 @@ def test_preflight_passes_ocr_rows(answer_format):
     rows = [{"prompt": prompt, "solution": solution} for solution in (DOCVQA_GOLD, "Roche", "<answer> R&D </answer>")]
     rewards = [resolve_reward(name, {"answer_format": answer_format}) for name in ("anls", "ocr_exact")]
     preflight(rows, rewards, answer_format)
+
+
+# --- dynamic_iou -------------------------------------------------------------------------------------------------
+
+DOG = [400, 200, 1200, 900]  # original pixels of a 1920x1080 photo
+
+
+def _state(step: int, max_steps: int = 200) -> SimpleNamespace:
+    return SimpleNamespace(global_step=step, max_steps=max_steps)  # what TRL hands every reward as trainer_state
+
+
+def _narrowed(box, iou: float) -> list[int]:
+    """``box`` (model frame) with its right edge pulled in so its IoU with ``box`` is about ``iou``."""
+    x1, y1, x2, y2 = box
+    return [x1, y1, x1 + round((x2 - x1) * iou), y2]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dynamic_iou_follows_v_triunes_schedule(family):
+    """0.85 up to 10 % of max_steps, 0.95 up to 25 %, 0.99 after (V-Triune's): a box at IoU ~0.9 pays only early, one
+    at ~0.97 until a quarter of the run, the gold box always; outside training the strictest threshold applies."""
+    frame = BoxFrame.from_dict(_row(family, str(DOG))["box_frame"])
+    gold = frame.to_model(DOG)
+    loose, close = _narrowed(gold, 0.9), _narrowed(gold, 0.97)
+    assert 0.85 <= box_iou(loose, gold) < 0.95 <= box_iou(close, gold) < 0.99  # the boxes are what their names say
+    completions = [render_boxes([box], frame.spec.form) for box in (loose, close, gold)]
+    steps = {0: [1.0, 1.0, 1.0], 20: [1.0, 1.0, 1.0], 21: [0.0, 1.0, 1.0], 50: [0.0, 1.0, 1.0], 51: [0.0, 0.0, 1.0],
+             200: [0.0, 0.0, 1.0]}  # fmt: skip
+    thresholds = []
+    for step, expected in steps.items():
+        scores = dynamic_iou(completions, [str(DOG)] * 3, [frame.as_dict()] * 3, trainer_state=_state(step),
+                             log_metric=lambda name, value: thresholds.append((name, value)))  # fmt: skip
+        assert scores == expected, step
+    logged = [value for name, value in thresholds if name == "dynamic_iou/threshold"]
+    assert logged == [0.85, 0.85, 0.95, 0.95, 0.99, 0.99]
+    rows = ([str(DOG)] * 3, [frame.as_dict()] * 3)
+    assert dynamic_iou(completions, *rows) == [0.0, 0.0, 1.0]  # no trainer_state: the evaluation, the pre-flight
+    assert dynamic_iou(completions, *rows, trainer_state=_state(0, max_steps=0)) == [0.0, 0.0, 1.0]
+
+
+def test_dynamic_iou_schedule_from_the_recipe():
+    frame = BoxFrame("qwen3_vl", 100, 100, 96, 96).as_dict()
+    reward = resolve_reward("dynamic_iou", {"schedule": [[0.5, 0.5], [1.0, 0.75]]})
+    half = "[0, 0, 600, 1000]"  # IoU 0.6 with the gold box
+    scores = [reward([half], ["[0, 0, 100, 100]"], [frame], trainer_state=_state(step, 10)) for step in (5, 6)]
+    assert scores == [[1.0], [0.0]]
+    assert pickle.loads(pickle.dumps(reward)).__name__ == "dynamic_iou"  # TRL's async worker pickles rewards
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        [[0.5, 0.9]],  # ends before the end of training
+        [[0.1, 0.95], [1.0, 0.9]],  # falls
+        [[0.3, 0.8], [0.2, 0.9], [1.0, 0.95]],  # fractions out of order
+        [[0.0, 0.8], [1.0, 0.95]],  # a fraction of 0 holds for no step
+        [[0.1, 1.5], [1.0, 1.5]],
+        [[0.1, True], [1.0, 1.0]],
+        [0.1, 0.85],
+        [],
+        "0.9",
+    ],
+)  # fmt: skip
+def test_a_bad_schedule_is_one_line_when_the_recipe_is_read(schedule):
+    with pytest.raises(SuzakError, match=r"reward 'dynamic_iou': schedule must be .*; got ") as info:
+        resolve_reward("dynamic_iou", {"schedule": schedule})
+    assert "\n" not in str(info.value)
+    with pytest.raises(SuzakError, match="'trainer_state' is passed by the trainer"):
+        resolve_reward("dynamic_iou", {"trainer_state": _state(1)})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preflight_passes_dynamic_iou(family):
+    """The pre-flight has no trainer_state: the gold box must pass the strictest threshold, and does."""
+    rows = [_row(family, str(DOG)), _row(family, "[3, 5, 40, 300]", (57, 913))]
+    preflight(rows, [resolve_reward("dynamic_iou", {"schedule": [[0.2, 0.5], [1.0, 0.99]]})], "box")
+    preflight(rows, [dynamic_iou], "box")

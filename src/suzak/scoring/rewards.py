@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,7 @@ __all__ = [
     "read_after_opening",
     "word_match",
     "clevr_count",
+    "dynamic_iou",
     "gsm8k_accuracy",
     "gsm8k_format",
     "gold_parser",
@@ -71,6 +73,7 @@ __all__ = [
     "routed",
     "SOURCE_COLUMN",
     "think_format",
+    "V_TRIUNE_SCHEDULE",
     "zoom_used",
 ]
 
@@ -93,6 +96,17 @@ def _reads_rollout(func: Callable) -> Callable:
     answer: the reward pre-flight, which scores ideal answers, skips it (:func:`reads_rollout`)."""
     func.reads_rollout = True
     return func
+
+
+def _checks_kwargs(check: Callable[[dict], None]) -> Callable[[Callable], Callable]:
+    """Mark a reward with a check of the values a recipe binds to it (``check(kwargs)`` raises ``SuzakError``), which
+    :func:`resolve_reward` runs: a bad value is one line before step 1, not an error at the first batch."""
+
+    def mark(func: Callable) -> Callable:
+        func.check_kwargs = check
+        return func
+
+    return mark
 
 
 def reads_rollout(reward: Callable) -> bool:
@@ -423,6 +437,74 @@ def rec_accuracy(completions: list, solution: list, box_frame: list | None = Non
     return [float(value >= threshold) for value in ious]
 
 
+# V-Triune's dynamic IoU (Ma et al., "One RL to See Them All", MiniMax 2025, arXiv:2505.18129; its code,
+# MiniMax-AI/One-RL-to-See-Them-All reward_server/verify.py: step / total_steps <= 0.1 -> 0.85, <= 0.25 -> 0.95, else
+# 0.99): [fraction of max_steps up to which it holds, IoU threshold]
+V_TRIUNE_SCHEDULE = ((0.1, 0.85), (0.25, 0.95), (1.0, 0.99))
+
+
+def _iou_schedule(schedule: Any) -> list[tuple[float, float]]:
+    """``schedule`` as (fraction, threshold) pairs, or ``SuzakError`` in one line: fractions rising to 1.0, thresholds in
+    (0, 1] that never fall."""
+    rows = list(schedule) if isinstance(schedule, list | tuple) else []
+    pairs = [tuple(p) for p in rows if isinstance(p, list | tuple) and len(p) == 2 and all(map(_is_number, p))]
+    good = bool(pairs) and len(pairs) == len(rows) and pairs[-1][0] == 1.0 and all(0 < t <= 1 for _, t in pairs)
+    if not good or not all(0 < f1 < f2 and t1 <= t2 for (f1, t1), (f2, t2) in itertools.pairwise(pairs)):
+        raise SuzakError(f"reward 'dynamic_iou': schedule must be [[fraction of max_steps, IoU threshold], ...] with "
+                         f"fractions rising to 1.0 and thresholds in (0, 1] that never fall, e.g. "
+                         f"{[list(p) for p in V_TRIUNE_SCHEDULE]}; got {schedule!r:.120}")  # fmt: skip
+    return [(float(f), float(t)) for f, t in pairs]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _scheduled_threshold(schedule: list[tuple[float, float]], trainer_state: Any) -> float:
+    """The threshold at ``trainer_state``'s progress (global_step / max_steps); the last one outside training."""
+    max_steps = getattr(trainer_state, "max_steps", 0) or 0
+    if max_steps <= 0:
+        return schedule[-1][1]
+    progress = trainer_state.global_step / max_steps
+    return next((threshold for fraction, threshold in schedule if progress <= fraction), schedule[-1][1])
+
+
+def _check_schedule(kwargs: dict) -> None:
+    if "schedule" in kwargs:
+        _iou_schedule(kwargs["schedule"])
+
+
+@_checks_kwargs(_check_schedule)  # a named function: a bound reward carries it, and TRL's async worker pickles those
+@_reads_gold(gold_boxes)
+def dynamic_iou(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+                schedule: Any = V_TRIUNE_SCHEDULE, trainer_state: Any = None, log_metric: Callable | None = None,
+                **kwargs) -> list[float | None]:  # fmt: skip
+    """V-Triune's dynamic IoU reward: 1.0 when the first box's IoU with the gold box (read as :func:`iou` reads it)
+    reaches a threshold that rises with training, else 0.0. Loose early (a reward the policy can reach), strict late
+    (no credit for a sloppy box): V-Triune's answer to the ambiguity of a low threshold and the sparsity of a high one.
+
+    ``schedule``: ``[[fraction of max_steps, threshold], ...]``, each threshold holding up to its fraction of training
+    (progress = TRL's ``trainer_state.global_step / max_steps``), V-Triune's by default: 0.85 for the first 10 % of the
+    steps, 0.95 to 25 %, 0.99 after (``reward_kwargs: {dynamic_iou: {schedule: [[0.1, 0.85], [0.25, 0.95], [1.0,
+    0.99]]}}``; checked when the recipe is read). Outside training (no ``trainer_state``: the evaluation, the
+    pre-flight) the last, strictest threshold applies. The threshold in use is logged (``dynamic_iou/threshold``).
+    V-Triune scores its detection rows with it through a matching of several boxes; here it is the one-box
+    :func:`rec_accuracy` with the moving threshold.
+
+    >>> from types import SimpleNamespace
+    >>> frame = {"family": "qwen3_vl", "width": 100, "height": 100, "resized_width": 96, "resized_height": 96}
+    >>> box = ["[0, 0, 900, 1000]"]  # IoU 0.9 with the gold box
+    >>> [dynamic_iou(box, ["[0, 0, 100, 100]"], [frame], trainer_state=SimpleNamespace(global_step=step, max_steps=100))
+    ...  for step in (0, 10, 11, 100)], dynamic_iou(box, ["[0, 0, 100, 100]"], [frame])
+    ([[1.0], [1.0], [0.0], [0.0]], [0.0])
+    """
+    threshold = _scheduled_threshold(_iou_schedule(schedule), trainer_state)
+    if log_metric is not None:
+        log_metric("dynamic_iou/threshold", threshold)
+    ious = _first_box_ious("dynamic_iou", completions, solution, box_frame, answer_format, log_metric)
+    return [float(value >= threshold) for value in ious]
+
+
 def box_format(completions: list, box_frame: list | None = None, answer_format: str = "box",
                **kwargs) -> list[float | None]:  # fmt: skip
     """1.0 when the answer is a box answer and nothing else (:func:`suzak.scoring.parsing.is_box_answer`: JSON ``bbox_2d``
@@ -549,7 +631,8 @@ def zoom_used(completions: list, environments: list | None = None, **kwargs) -> 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
-              anls, ocr_exact, iou, rec_accuracy, box_format, box_f1, box_map, click_accuracy, zoom_used)
+              anls, ocr_exact, iou, rec_accuracy, dynamic_iou, box_format, box_f1, box_map, click_accuracy,
+              zoom_used)
 }  # fmt: skip
 
 
@@ -610,6 +693,8 @@ def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
             raise SuzakError(
                 f"reward {name!r} has no parameter {key!r}; its parameters: {', '.join(settable) or '(none)'}"
             )
+    if (check := getattr(func, "check_kwargs", None)) is not None:
+        check(kwargs)
 
 
 def read_after_opening(reward: Callable, opening: str) -> Callable:
