@@ -640,7 +640,8 @@ def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
     """The reward named ``name`` (a ``REWARDS`` key or a dotted path ``pkg.module.func``), bound to ``kwargs``.
 
     With kwargs the result is a ``functools.partial`` that keeps the reward's ``__name__`` (TRL logs rewards under
-    it); each kwarg must be a named parameter of the reward, so a typo fails here rather than being ignored.
+    it); each kwarg must be a named parameter of the reward, so a typo fails here rather than being ignored, and a
+    reward that checks its values (``_checks_kwargs``: ``dynamic_iou``'s schedule) checks them here too.
 
     >>> resolve_reward("suzak.scoring.rewards.think_format") is think_format
     True
