@@ -72,6 +72,20 @@ def test_jsonl_r1v_eval_format(tmp_path):
     assert _user_text(row["prompt"]) == render_prompt("r1v_eval", "How many different items are there in the image?")
 
 
+def test_jsonl_gold_lists_stay_json(tmp_path):
+    """A line's list gold reaches the rewards as JSON: OCR's accepted answers (Python's str() would quote them with
+    ', which no reward reads as a list) and a box."""
+    from suzak.scoring.parsing import gold_texts
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "page.png")
+    lines = [{"image": "page.png", "question": "Total?", "solution": ["$ 2,500", "2,500"]},
+             {"image": "page.png", "question": "Where?", "solution": [1, 2.5, 3, 4]}]  # fmt: skip
+    (tmp_path / "ocr.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    ds = jsonl(tmp_path / "ocr.jsonl", template="plain")
+    assert ds["solution"] == ['["$ 2,500", "2,500"]', "[1, 2.5, 3, 4]"]
+    assert gold_texts(ds["solution"][0]) == ["$ 2,500", "2,500"]
+
+
 def test_jsonl_image_root(tmp_path):
     path = _write_r1v_eval(tmp_path)
     moved = tmp_path / "elsewhere.jsonl"

@@ -284,6 +284,16 @@ def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: s
     return dataset
 
 
+def _gold_text(gold) -> str:
+    """A line's gold answer as the ``solution`` string: a list as JSON (a box ``[x1, y1, x2, y2]``, or OCR's accepted
+    answers ``["$ 2,500", "2,500"]``, which ``str`` would write in Python's quotes), anything else as ``str``.
+
+    >>> _gold_text(["$ 2,500", "2,500"]), _gold_text([1, 2.5, 3, 4]), _gold_text(3)
+    ('["$ 2,500", "2,500"]', '[1, 2.5, 3, 4]', '3')
+    """
+    return json.dumps(gold) if isinstance(gold, list) else str(gold)
+
+
 def jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str]) -> dict:
     """One JSONL line (``number`` of ``path``) as a data row: its prompt rendered with ``template``, its media paths
     resolved against ``root`` (``image``, ``images``, or ``video`` with ``video_fps``), ``problem``, ``solution`` and
@@ -325,7 +335,7 @@ def jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, 
         **_with_prompt({"problem": row[question_key]}, template, 0 if is_video else len(paths), video=is_video),
         **media,
         "problem": str(row[question_key]),
-        "solution": str(row[gold_key]),
+        "solution": _gold_text(row[gold_key]),
         "line": number,
         **{k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in own.items()},
     }

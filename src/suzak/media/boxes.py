@@ -15,6 +15,10 @@ qwen3_vl        relative, integers on [0, 1000]                           ``{"bb
 qwen3_5         relative, integers on [0, 1000] (as Qwen3-VL)             ``{"bbox_2d": [x1, y1, x2, y2]}``
 ==============  ========================================================  ============================================
 
+A click (GUI grounding) is a point in the same frame, written ``{"point_2d": [x, y]}`` in every family
+(:meth:`BoxFrame.click_point`, :func:`render_point`); a row whose gold box is to be clicked says so in
+:data:`ANSWER_KIND_COLUMN`.
+
 :class:`BoxFrame` is one image's frame: the family, the original size and the size the pixel budget gives it (the
 exact size training, vLLM and evaluation feed the model: :meth:`suzak.media.vision.PixelBudget.size`). Changing the budget
 moves the boxes with the image. A model-frame box maps to original pixels and back to the same integers exactly;
@@ -29,6 +33,8 @@ an original-pixel box maps to the model frame and back within half a model unit.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import re
@@ -38,9 +44,10 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, family_factors, images_of
-from suzak.scoring.parsing import gold_answer, gold_boxes
+from suzak.scoring.parsing import gold_answer, gold_boxes, gold_texts
 
 __all__ = [
+    "ANSWER_KIND_COLUMN",
     "BOX_FRAME_COLUMN",
     "DATASET_FRAMES",
     "FRAMES",
@@ -49,15 +56,21 @@ __all__ = [
     "box_iou",
     "box_numbers",
     "box_problem",
+    "coco_map",
     "match_f1",
     "model_answer",
     "render_boxes",
+    "render_point",
     "to_pixels",
     "with_box_frame",
 ]
 
 BOX_FRAME_COLUMN = "box_frame"  # the column the trainer adds to a row with one image: its frame, for the rewards
 QUESTION_BOXES_COLUMN = "question_boxes"  # boxes a row's question names ({box}, {box2}, ...), in original pixels
+# What a row's answer is, when its gold is a box: the box itself ("box", the default) or a point inside it ("point": a
+# GUI click, scored by click_accuracy). model_answer renders the ideal answer (pre-flight, SFT targets) by it.
+ANSWER_KIND_COLUMN = "answer_kind"
+ANSWER_KINDS = ("box", "point")
 _QUESTION_MARK = re.compile(r"\{box(\d*)\}")
 Box = tuple[float, float, float, float]
 
@@ -187,6 +200,48 @@ class BoxFrame:
         """The original-pixel ``boxes`` in this frame, in the family's native answer form (:func:`render_boxes`)."""
         return render_boxes([self.to_model(box) for box in boxes], self.spec.form, label)
 
+    def point_in_frame(self, point: Sequence[float]) -> bool:
+        """Whether a model-frame point (a click) lies in this frame, its edges included.
+
+        >>> frame = BoxFrame("qwen2_5_vl", 200, 100, 196, 98)
+        >>> frame.point_in_frame((196, 0)), frame.point_in_frame((197, 0)), frame.point_in_frame((-1, 5))
+        (True, False, False)
+        """
+        top_x, top_y = self.extent
+        x, y = point
+        return 0 <= x <= top_x and 0 <= y <= top_y
+
+    def point_from_model(self, point: Sequence[float]) -> tuple[float, float]:
+        """A model-frame point in original pixels (floats), as :meth:`from_model` maps a box's corners.
+
+        >>> BoxFrame("qwen3_vl", 200, 100, 192, 96).point_from_model((500, 250))
+        (100.0, 25.0)
+        """
+        x, y = (float(v) for v in point)
+        return self.from_model((x, y, x, y))[:2]
+
+    def point_in_box(self, point: Sequence[float], box: Sequence[float]) -> bool:
+        """Whether a model-frame point is a click on an original-pixel ``box``: inside the box as this frame rounds it
+        (:meth:`to_model`), its edges included.
+
+        >>> frame = BoxFrame("qwen2_5_vl", 200, 100, 196, 98)
+        >>> frame.point_in_box((98, 0), (0, 0, 100, 100)), frame.point_in_box((99, 0), (0, 0, 100, 100))
+        (True, False)
+        """
+        x1, y1, x2, y2 = self.to_model(box)
+        x, y = point
+        return x1 <= x <= x2 and y1 <= y <= y2
+
+    def click_point(self, box: Sequence[float]) -> tuple[int, int]:
+        """Where a model should click an original-pixel ``box``: the box's centre in this frame, integers (always a
+        click on the box, :meth:`point_in_box`).
+
+        >>> BoxFrame("qwen2_5_vl", 200, 100, 196, 98).click_point((0, 0, 100, 100))
+        (49, 49)
+        """
+        x1, y1, x2, y2 = self.to_model(box)
+        return round((x1 + x2) / 2), round((y1 + y2) / 2)
+
 
 def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget) -> dict[str, Any]:
     """``row`` with its :data:`BOX_FRAME_COLUMN`: the frame of its one image (:meth:`BoxFrame.as_dict`) for a model
@@ -276,19 +331,32 @@ def put_question_boxes(prompt: Any, boxes: list[list[float]], frame: BoxFrame) -
 
 def model_answer(row: dict[str, Any], label: str | None = None) -> str:
     """The gold answer of ``row`` as its model should write it: a grounding row's gold boxes (original pixels) in its
-    frame (:data:`BOX_FRAME_COLUMN`) and the family's form; any other row's gold answer as it is
+    frame (:data:`BOX_FRAME_COLUMN`) and the family's form; a click row's (:data:`ANSWER_KIND_COLUMN` ``point``) the
+    centre of its gold box in its frame as ``{"point_2d": [x, y]}`` (:meth:`BoxFrame.click_point`); the first of a
+    list of accepted answers (OCR's, :func:`suzak.scoring.parsing.gold_texts`); any other row's gold answer as it is
     (:func:`suzak.scoring.parsing.gold_answer`). The reward pre-flight's and SFT's target.
 
     >>> frame = {"family": "qwen2_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
     >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame}), model_answer({"solution": "<answer> 3 </answer>"})
     ('<|box_start|>(100,100),(600,600)<|box_end|>', '3')
+    >>> model_answer({"solution": "[20, 10, 120, 60]", "box_frame": frame, "answer_kind": "point"})
+    '{"point_2d": [350, 350]}'
+    >>> model_answer({"solution": '["1 mg", "1mg"]'})
+    '1 mg'
     """
     gold = gold_answer(row["solution"])
+    kind = row.get(ANSWER_KIND_COLUMN) or "box"
+    if kind not in ANSWER_KINDS:
+        raise ValueError(f"{ANSWER_KIND_COLUMN} {kind!r} is none of {', '.join(ANSWER_KINDS)}")
     frame = row.get(BOX_FRAME_COLUMN)
     boxes = gold_boxes(gold) if frame is not None else None
+    if kind == "point" and not boxes:
+        why = "no box frame (a click is read on the row's one image)" if frame is None else f"no box in {gold!r:.80}"
+        raise ValueError(f"a click row ({ANSWER_KIND_COLUMN} 'point') has {why}")
     if not boxes:
-        return gold
-    return (frame if isinstance(frame, BoxFrame) else BoxFrame.from_dict(frame)).render(boxes, label)
+        return (gold_texts(gold) or [gold])[0]
+    frame = frame if isinstance(frame, BoxFrame) else BoxFrame.from_dict(frame)
+    return render_point(frame.click_point(boxes[0])) if kind == "point" else frame.render(boxes, label)
 
 
 def _clamp(value: int, top: int) -> int:
@@ -312,6 +380,15 @@ def render_boxes(model_boxes: Sequence[Sequence[int]], form: str, label: str | N
         raise ValueError(f"unknown box form {form!r}: tokens or json")
     objects = [{"bbox_2d": box} | ({"label": label} if label else {}) for box in ints]
     return json.dumps(objects[0] if len(objects) == 1 else objects)
+
+
+def render_point(model_point: Sequence[int]) -> str:
+    """A model-frame point (a click) as Qwen2.5-VL and Qwen3-VL write one, the form every family's click is read in.
+
+    >>> render_point((12, 40))
+    '{"point_2d": [12, 40]}'
+    """
+    return json.dumps({"point_2d": [int(v) for v in model_point]})
 
 
 def to_pixels(box: Sequence[float], frame: str, width: int, height: int) -> Box:
@@ -400,6 +477,55 @@ def match_f1(predicted: Sequence[Sequence[float]], gold: Sequence[Sequence[float
             used_g.add(j)
     matched = len(used_p)
     return 2 * matched / (len(predicted) + len(gold))
+
+
+def coco_map(predicted: Sequence[Sequence[float] | None], gold: Sequence[Sequence[float]]) -> float:
+    """COCO's mAP@[.5:.95] of ``predicted`` boxes against the ``gold`` boxes of one image, all in one frame, computed by
+    pycocotools itself (``COCOeval(...).stats[0]``: one category, at most 100 predictions). An answer has no
+    confidences, so the predictions rank in the order given (the first written, the surest); a None among them (a
+    box that is none) is a wrong prediction at its rank. 0.0 with no prediction, and where COCO leaves the figure
+    undefined (-1: no gold box). Half the gold found scores 51/101: precision 1 at COCO's recall points 0, 0.01 .. 0.5.
+
+    >>> coco_map([(0, 0, 10, 10), (50, 50, 60, 60)], [(0, 0, 10, 10)]), coco_map([(50, 50, 60, 60), (0, 0, 10, 10)], [(0, 0, 10, 10)])
+    (1.0, 0.5)
+    >>> round(coco_map([(0, 0, 10, 10)], [(0, 0, 10, 10), (50, 50, 60, 60)]), 4), coco_map([None], [(0, 0, 1, 1)])
+    (0.505, 0.0)
+    """
+    from pycocotools.coco import COCO  # imported here: only box_map needs it
+    from pycocotools.cocoeval import COCOeval
+
+    if not predicted or not gold:
+        return 0.0
+    ground = COCO()
+    ground.dataset = {
+        "images": [{"id": 1}],
+        "categories": [{"id": 1, "name": "object"}],
+        "annotations": [{"id": i, "image_id": 1, "category_id": 1, "bbox": _xywh(box), "area": _area(box), "iscrowd": 0}
+                        for i, box in enumerate(gold, start=1)],
+    }  # fmt: skip
+    found = [{"image_id": 1, "category_id": 1, "bbox": _xywh(box or (0, 0, 0, 0)), "score": float(len(predicted) - rank)}
+             for rank, box in enumerate(predicted)]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints each stage and the summary table
+        ground.createIndex()
+        evaluation = COCOeval(ground, ground.loadRes(found), "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    value = float(evaluation.stats[0])
+    if value < 0:  # -1: COCO found no gold box to average over
+        return 0.0
+    # COCOeval's precision is tp / (tp + fp + np.spacing(1)), so a perfect answer comes out at 1 - 2e-16: rounded off,
+    # it is the 1.0 the pre-flight and the eval's accuracy (a score >= 1.0) expect
+    return round(value, 12)
+
+
+def _xywh(box: Sequence[float]) -> list[float]:
+    x1, y1, x2, y2 = (float(v) for v in box)
+    return [x1, y1, x2 - x1, y2 - y1]
+
+
+def _area(box: Sequence[float]) -> float:
+    return max(float(box[2]) - float(box[0]), 0.0) * max(float(box[3]) - float(box[1]), 0.0)
 
 
 # --- suzak boxes (python -m suzak.media.boxes) ------------------------------------------------------------------

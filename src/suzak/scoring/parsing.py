@@ -28,6 +28,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 __all__ = [
+    "anls_score",
     "box_parser",
     "completion_text",
     "content_text",
@@ -35,20 +36,26 @@ __all__ = [
     "extract_tag",
     "gold_answer",
     "gold_boxes",
+    "gold_texts",
     "has_gsm8k_hash_line",
     "is_box_answer",
     "is_think_format",
     "math_equal",
     "message_text",
+    "ocr_equal",
+    "ocr_normal",
     "parse_boxes",
     "parse_count",
     "parse_gsm8k_answer",
     "parse_int_answer",
     "parse_number",
+    "parse_point",
     "parse_word",
+    "point_parser",
     "r1v_accuracy",
     "r1v_count",
     "r1v_math_verify",
+    "text_parser",
     "vlm_r1_box",
     "vlm_r1_iou",
     "with_opening",
@@ -400,6 +407,113 @@ def box_parser(answer_format: str) -> Callable[[str], list[tuple[float, float, f
     if answer_format in ("box", "plain"):
         return parse_boxes
     raise ValueError(f"boxes are read in the box or think_answer answer formats, not {answer_format!r}")
+
+
+# A point (a GUI click): "(x, y)" or "[x, y]" (JSON "point_2d" values among them). Boxes are taken out first, so the
+# corners of Qwen2-VL's "(x1,y1),(x2,y2)" are never read as points.
+_POINT_RE = re.compile(rf"\({_BOX_NUMBER},{_BOX_NUMBER}\)|\[{_BOX_NUMBER},{_BOX_NUMBER}\]")
+
+
+def parse_point(text: str) -> tuple[float, float] | None:
+    """The first point in ``text``, in whatever frame the writer used: JSON ``{"point_2d": [x, y]}`` (also in a list,
+    or with a ``label``), ``(x, y)`` or ``[x, y]``; None when it holds none. A box is no point.
+
+    >>> parse_point('[{"point_2d": [120, 45], "label": "OK button"}]'), parse_point("click (12.5, 40)")
+    ((120.0, 45.0), (12.5, 40.0))
+    >>> parse_point("(1,2),(3,4)"), parse_point("[1, 2, 3, 4]"), parse_point("[1, 2, 3]")
+    (None, None, None)
+    """
+    match = _POINT_RE.search(_BOX_RE.sub(" ", text))
+    if match is None:
+        return None
+    x, y = (float(v) for v in match.groups() if v is not None)
+    return x, y
+
+
+def point_parser(answer_format: str) -> Callable[[str], tuple[float, float] | None]:
+    """The point of a completion in ``answer_format``, as :func:`box_parser` reads boxes: ``box`` or ``plain`` read
+    the whole text, ``think_answer`` the last ``<answer>`` tag (no tag: no point).
+
+    >>> point_parser("think_answer")('<think> (5, 5)? </think> <answer>{"point_2d": [7, 8]}</answer>')
+    (7.0, 8.0)
+    """
+    if answer_format == "think_answer":
+        return lambda text: parse_point(extract_tag(text) or "")
+    if answer_format in ("box", "plain"):
+        return parse_point
+    raise ValueError(f"points are read in the box, plain or think_answer answer formats, not {answer_format!r}")
+
+
+# --- OCR: DocVQA's answers and ANLS -----------------------------------------------------------------------------
+
+
+def gold_texts(text: str) -> list[str] | None:
+    """The accepted answers of an OCR row's gold: a JSON list of strings (DocVQA's ``answers``: any one is right), else
+    the text itself as the one answer (so ``[3]``, a footnote mark, stays an answer); None when there is none.
+
+    >>> gold_texts('["1 mg", "1mg"]'), gold_texts("Total: 42"), gold_texts("[3]"), gold_texts("[]")
+    (['1 mg', '1mg'], ['Total: 42'], ['[3]'], None)
+    """
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value or None
+    return [text] if text else None
+
+
+def text_parser(answer_format: str) -> Callable[[str], str | None]:
+    """The free-text answer of a completion in ``answer_format``: ``plain`` the whole completion, ``think_answer`` the
+    last ``<answer>`` tag; None when it is empty or missing.
+
+    >>> text_parser("plain")(" Total: 42 "), text_parser("think_answer")("<think>.</think> <answer> 42 </answer>")
+    ('Total: 42', '42')
+    """
+    if answer_format == "plain":
+        return lambda text: text.strip() or None
+    if answer_format == "think_answer":
+        return lambda text: extract_tag(text, "answer") or None
+    raise ValueError(f"no text parser for answer format {answer_format!r}; known: plain, think_answer")
+
+
+def ocr_normal(text: str) -> str:
+    """An OCR answer as DocVQA's evaluation compares it: lower case, whitespace runs as one space, stripped.
+
+    >>> ocr_normal("  Total:\\n 42  ")
+    'total: 42'
+    """
+    return " ".join(text.lower().split())
+
+
+def anls_score(answer: str, golds: list[str], threshold: float = 0.5) -> float:
+    """DocVQA's ANLS of one answer: for each accepted answer the normalised Levenshtein similarity 1 - NL of the two
+    :func:`ocr_normal` forms (NL from ``rapidfuzz.distance.Levenshtein.normalized_distance``), the best of them, kept
+    when NL <= ``threshold`` (tau, 0.5) and 0.0 beyond.
+
+    As DocVQA's official evaluation script (the RRC's, for DocVQA and InfographicVQA: ``1 - min(NL)``, zeroed when
+    below 0.5), so a distance of exactly 0.5 keeps its 0.5 where the ST-VQA paper's formula (NL < tau) would give 0.
+    One difference: the script divides the distance by the longer *raw* string, so stray whitespace or a case change
+    that alters a length (``ß``) lowers its NL; here both sides are normalised first.
+
+    >>> anls_score("Total 4", ["Total: 42", "total 42"]), anls_score("TOTAL  42", ["total 42"]), anls_score("no", ["42"])
+    (0.875, 1.0, 0.0)
+    """
+    from rapidfuzz.distance import Levenshtein  # imported here: only the OCR rewards need it
+
+    distance = min(Levenshtein.normalized_distance(ocr_normal(answer), ocr_normal(gold)) for gold in golds)
+    return 1.0 - distance if distance <= threshold else 0.0
+
+
+def ocr_equal(answer: str, golds: list[str]) -> bool:
+    """Whether ``answer`` is one of the accepted ``golds`` once both are :func:`ocr_normal`.
+
+    >>> ocr_equal(" Total:  42", ["total: 42"]), ocr_equal("total 42", ["total: 42"])
+    (True, False)
+    """
+    return ocr_normal(answer) in {ocr_normal(gold) for gold in golds}
 
 
 # VLM-R1's REC evaluation (om-ai-lab/VLM-R1 src/eval/test_rec_r1.py): the first <answer> block, then the last

@@ -16,27 +16,33 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from suzak import SuzakError
-from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, match_f1
+from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, coco_map, match_f1
 from suzak.scoring.parsing import (
+    anls_score,
     box_parser,
     completion_text,
     count_parser,
     extract_tag,
     gold_answer,
     gold_boxes,
+    gold_texts,
     has_gsm8k_hash_line,
     is_box_answer,
     is_think_format,
     math_equal,
+    ocr_equal,
     parse_gsm8k_answer,
     parse_int_answer,
     parse_number,
     parse_word,
+    point_parser,
+    text_parser,
     with_opening,
     word_parser,
 )
@@ -44,17 +50,22 @@ from suzak.scoring.parsing import r1v_accuracy as _r1v_accuracy
 
 __all__ = [
     "REWARDS",
+    "anls",
     "box_f1",
     "box_format",
+    "box_map",
+    "click_accuracy",
     "iou",
     "rec_accuracy",
     "read_after_opening",
     "word_match",
     "clevr_count",
+    "dynamic_iou",
     "gsm8k_accuracy",
     "gsm8k_format",
     "gold_parser",
     "math_accuracy",
+    "ocr_exact",
     "r1v_accuracy",
     "resolve_reward",
     "resolve_rewards",
@@ -62,6 +73,7 @@ __all__ = [
     "routed",
     "SOURCE_COLUMN",
     "think_format",
+    "V_TRIUNE_SCHEDULE",
     "zoom_used",
 ]
 
@@ -84,6 +96,17 @@ def _reads_rollout(func: Callable) -> Callable:
     answer: the reward pre-flight, which scores ideal answers, skips it (:func:`reads_rollout`)."""
     func.reads_rollout = True
     return func
+
+
+def _checks_kwargs(check: Callable[[dict], None]) -> Callable[[Callable], Callable]:
+    """Mark a reward with a check of the values a recipe binds to it (``check(kwargs)`` raises ``SuzakError``), which
+    :func:`resolve_reward` runs: a bad value is one line before step 1, not an error at the first batch."""
+
+    def mark(func: Callable) -> Callable:
+        func.check_kwargs = check
+        return func
+
+    return mark
 
 
 def reads_rollout(reward: Callable) -> bool:
@@ -284,6 +307,53 @@ def word_match(
     return _answer_match("word_match", completions, solution, parse_word, parse_answer, log_metric, log_extra)
 
 
+# --- OCR: DocVQA's answers (suzak.scoring.parsing.anls_score) ------------------------------------------------------
+
+
+def _ocr_scores(name: str, completions: list, solution: list, answer_format: str, score: Callable[[str, list], float],
+                log_metric: Callable | None, log_extra: Callable | None) -> list[float]:  # fmt: skip
+    """``score(answer, accepted answers)`` for each completion's answer; no answer: 0.0, counted."""
+    parse_answer = text_parser(answer_format)  # an unknown format raises here, even for an empty batch
+    golds = _golds(solution, gold_texts, name)
+    answers = [parse_answer(completion_text(c)) for c in completions]
+    _log_unparsed(answers, name, log_metric, log_extra)
+    return [0.0 if a is None else score(a, g) for a, g in zip(answers, golds, strict=True)]
+
+
+@_reads_gold(gold_texts)
+def anls(completions: list, solution: list, answer_format: str = "plain", threshold: float = 0.5,
+         log_metric: Callable | None = None, log_extra: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """DocVQA's ANLS of the answer against the row's accepted answers (the gold: one string, or a JSON list of
+    strings): the best normalised Levenshtein similarity after lower-casing and collapsing whitespace, 0.0 when the
+    distance is past ``threshold`` (tau, 0.5), as DocVQA's evaluation script scores it
+    (:func:`suzak.scoring.parsing.anls_score`). ``answer_format``: ``plain`` (the whole completion, the default) or
+    ``think_answer`` (the last ``<answer>`` tag); no answer: 0.0, counted in ``anls/unparsed_frac``.
+
+    >>> anls(["Total 42", "total  42 ", "Total 4", "Invoice", ""], solution=['["Total: 42", "total 42"]'] * 5)
+    [1.0, 1.0, 0.875, 0.0, 0.0]
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"anls threshold must be in (0, 1], got {threshold}")
+    score = functools.partial(anls_score, threshold=threshold)
+    return _ocr_scores("anls", completions, solution, answer_format, score, log_metric, log_extra)
+
+
+def _exact(answer: str, golds: list[str]) -> float:
+    return float(ocr_equal(answer, golds))
+
+
+@_reads_gold(gold_texts)
+def ocr_exact(completions: list, solution: list, answer_format: str = "plain", log_metric: Callable | None = None,
+              log_extra: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the answer is one of the row's accepted answers after :func:`anls`'s normalisation (lower case,
+    whitespace collapsed), else 0.0; answers read as :func:`anls` reads them.
+
+    >>> ocr_exact(["TOTAL:  42", "Total 42", "<answer>total: 42</answer>"], solution=['["Total: 42"]'] * 3)
+    [1.0, 0.0, 0.0]
+    """
+    return _ocr_scores("ocr_exact", completions, solution, answer_format, _exact, log_metric, log_extra)
+
+
 # --- grounding: boxes in the model's own frame (suzak.media.boxes) ------------------------------------------------------
 
 
@@ -367,6 +437,74 @@ def rec_accuracy(completions: list, solution: list, box_frame: list | None = Non
     return [float(value >= threshold) for value in ious]
 
 
+# V-Triune's dynamic IoU (Ma et al., "One RL to See Them All", MiniMax 2025, arXiv:2505.18129; its code,
+# MiniMax-AI/One-RL-to-See-Them-All reward_server/verify.py: step / total_steps <= 0.1 -> 0.85, <= 0.25 -> 0.95, else
+# 0.99): [fraction of max_steps up to which it holds, IoU threshold]
+V_TRIUNE_SCHEDULE = ((0.1, 0.85), (0.25, 0.95), (1.0, 0.99))
+
+
+def _iou_schedule(schedule: Any) -> list[tuple[float, float]]:
+    """``schedule`` as (fraction, threshold) pairs, or ``SuzakError`` in one line: fractions rising to 1.0, thresholds in
+    (0, 1] that never fall."""
+    rows = list(schedule) if isinstance(schedule, list | tuple) else []
+    pairs = [tuple(p) for p in rows if isinstance(p, list | tuple) and len(p) == 2 and all(map(_is_number, p))]
+    good = bool(pairs) and len(pairs) == len(rows) and pairs[-1][0] == 1.0 and all(0 < t <= 1 for _, t in pairs)
+    if not good or not all(0 < f1 < f2 and t1 <= t2 for (f1, t1), (f2, t2) in itertools.pairwise(pairs)):
+        raise SuzakError(f"reward 'dynamic_iou': schedule must be [[fraction of max_steps, IoU threshold], ...] with "
+                         f"fractions rising to 1.0 and thresholds in (0, 1] that never fall, e.g. "
+                         f"{[list(p) for p in V_TRIUNE_SCHEDULE]}; got {schedule!r:.120}")  # fmt: skip
+    return [(float(f), float(t)) for f, t in pairs]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _scheduled_threshold(schedule: list[tuple[float, float]], trainer_state: Any) -> float:
+    """The threshold at ``trainer_state``'s progress (global_step / max_steps); the last one outside training."""
+    max_steps = getattr(trainer_state, "max_steps", 0) or 0
+    if max_steps <= 0:
+        return schedule[-1][1]
+    progress = trainer_state.global_step / max_steps
+    return next((threshold for fraction, threshold in schedule if progress <= fraction), schedule[-1][1])
+
+
+def _check_schedule(kwargs: dict) -> None:
+    if "schedule" in kwargs:
+        _iou_schedule(kwargs["schedule"])
+
+
+@_checks_kwargs(_check_schedule)  # a named function: a bound reward carries it, and TRL's async worker pickles those
+@_reads_gold(gold_boxes)
+def dynamic_iou(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+                schedule: Any = V_TRIUNE_SCHEDULE, trainer_state: Any = None, log_metric: Callable | None = None,
+                **kwargs) -> list[float | None]:  # fmt: skip
+    """V-Triune's dynamic IoU reward: 1.0 when the first box's IoU with the gold box (read as :func:`iou` reads it)
+    reaches a threshold that rises with training, else 0.0. Loose early (a reward the policy can reach), strict late
+    (no credit for a sloppy box): V-Triune's answer to the ambiguity of a low threshold and the sparsity of a high one.
+
+    ``schedule``: ``[[fraction of max_steps, threshold], ...]``, each threshold holding up to its fraction of training
+    (progress = TRL's ``trainer_state.global_step / max_steps``), V-Triune's by default: 0.85 for the first 10 % of the
+    steps, 0.95 to 25 %, 0.99 after (``reward_kwargs: {dynamic_iou: {schedule: [[0.1, 0.85], [0.25, 0.95], [1.0,
+    0.99]]}}``; checked when the recipe is read). Outside training (no ``trainer_state``: the evaluation, the
+    pre-flight) the last, strictest threshold applies. The threshold in use is logged (``dynamic_iou/threshold``).
+    V-Triune scores its detection rows with it through a matching of several boxes; here it is the one-box
+    :func:`rec_accuracy` with the moving threshold.
+
+    >>> from types import SimpleNamespace
+    >>> frame = {"family": "qwen3_vl", "width": 100, "height": 100, "resized_width": 96, "resized_height": 96}
+    >>> box = ["[0, 0, 900, 1000]"]  # IoU 0.9 with the gold box
+    >>> [dynamic_iou(box, ["[0, 0, 100, 100]"], [frame], trainer_state=SimpleNamespace(global_step=step, max_steps=100))
+    ...  for step in (0, 10, 11, 100)], dynamic_iou(box, ["[0, 0, 100, 100]"], [frame])
+    ([[1.0], [1.0], [0.0], [0.0]], [0.0])
+    """
+    threshold = _scheduled_threshold(_iou_schedule(schedule), trainer_state)
+    if log_metric is not None:
+        log_metric("dynamic_iou/threshold", threshold)
+    ious = _first_box_ious("dynamic_iou", completions, solution, box_frame, answer_format, log_metric)
+    return [float(value >= threshold) for value in ious]
+
+
 def box_format(completions: list, box_frame: list | None = None, answer_format: str = "box",
                **kwargs) -> list[float | None]:  # fmt: skip
     """1.0 when the answer is a box answer and nothing else (:func:`suzak.scoring.parsing.is_box_answer`: JSON ``bbox_2d``
@@ -409,6 +547,65 @@ def box_f1(completions: list, solution: list, box_frame: list | None = None, ans
             for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
 
 
+@_reads_gold(gold_boxes)
+def box_map(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+            log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """COCO mAP@[.5:.95] of every predicted box against every gold box of the row, in the model's frame, computed by
+    pycocotools (:func:`suzak.media.boxes.coco_map`; V-Triune weighs the same figure into its detection reward, with
+    labels as categories and a penalty on the box count; here labels are ignored, one category). A completion has no
+    confidences, so its boxes rank in the order written; a box outside the frame is a wrong prediction at its rank
+    (``box_map/invalid_frac``); no box: 0.0 (``box_map/unparsed_frac``).
+
+    AP does not charge for wrong boxes written after all the right ones (they rank below every hit): pair it with
+    :func:`box_f1`, which does, or the policy may learn to add guesses at the end.
+
+    >>> frame = {"family": "qwen3_vl", "width": 100, "height": 100, "resized_width": 96, "resized_height": 96}
+    >>> scores = box_map(['[{"bbox_2d": [0, 0, 100, 100]}, {"bbox_2d": [500, 500, 600, 600]}]', "[500, 500, 600, 600]",
+    ...                   "none"], ["[[0, 0, 10, 10], [50, 50, 60, 60]]"] * 3, [frame] * 3)
+    >>> [round(score, 3) for score in scores]  # half the gold found: 51 of COCO's 101 recall points
+    [1.0, 0.505, 0.0]
+    """
+    frames = _box_frames(box_frame, len(completions), "box_map")
+    golds = _golds(solution, gold_boxes, "box_map")
+    predicted = _predicted_boxes("box_map", completions, frames, answer_format, log_metric)
+    return [0.0 if boxes is None else coco_map(boxes, [frame.to_model(box) for box in gold])
+            for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
+
+
+# --- GUI grounding: a click in the model's own frame ---------------------------------------------------------------
+
+
+@_reads_gold(gold_boxes)
+def click_accuracy(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
+                   log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the completion's point (a GUI click: ``{"point_2d": [x, y]}``, ``(x, y)`` or ``[x, y]``, the first one:
+    :func:`suzak.scoring.parsing.parse_point`) lies on the gold box (the first; original pixels), both in the model's
+    frame (:meth:`suzak.media.boxes.BoxFrame.point_in_box`: the box as the frame rounds it, edges included), else 0.0.
+    No point: 0.0, counted in ``click_accuracy/unparsed_frac``; a point outside the frame: 0.0, counted in
+    ``click_accuracy/invalid_frac``. ``answer_format``: ``box`` (a point anywhere in the completion) or
+    ``think_answer`` (in the last ``<answer>`` tag).
+
+    A click row carries ``answer_kind: point`` (:data:`suzak.media.boxes.ANSWER_KIND_COLUMN`): its ideal answer, for the
+    pre-flight and SFT, is then the box's centre in the frame as ``{"point_2d": [x, y]}`` rather than the box.
+
+    >>> frame = {"family": "qwen2_5_vl", "width": 200, "height": 100, "resized_width": 196, "resized_height": 98}
+    >>> click_accuracy(['{"point_2d": [49, 49]}', "(150, 20)", "[300, 20]", "no click"], ["[0, 0, 100, 100]"] * 4,
+    ...                [frame] * 4)
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    frames = _box_frames(box_frame, len(completions), "click_accuracy")
+    golds = _golds(solution, gold_boxes, "click_accuracy")
+    parse = point_parser(answer_format)
+    points = [parse(completion_text(c)) for c in completions]
+    clicks = [p if p is not None and frame.point_in_frame(p) else None for p, frame in zip(points, frames, strict=True)]
+    if log_metric is not None:
+        parsed = sum(p is not None for p in points)
+        log_metric("click_accuracy/unparsed_frac", 1 - parsed / max(len(points), 1))
+        log_metric("click_accuracy/invalid_frac", (parsed - sum(c is not None for c in clicks)) / max(parsed, 1))
+    return [float(click is not None and frame.point_in_box(click, gold[0]))
+            for click, gold, frame in zip(clicks, golds, frames, strict=True)]  # fmt: skip
+
+
 # --- tool use: an optional shaping reward ----------------------------------------------------------------------
 
 
@@ -434,7 +631,8 @@ def zoom_used(completions: list, environments: list | None = None, **kwargs) -> 
 REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
-              iou, rec_accuracy, box_format, box_f1, zoom_used)
+              anls, ocr_exact, iou, rec_accuracy, dynamic_iou, box_format, box_f1, box_map, click_accuracy,
+              zoom_used)
 }  # fmt: skip
 
 
@@ -442,7 +640,8 @@ def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
     """The reward named ``name`` (a ``REWARDS`` key or a dotted path ``pkg.module.func``), bound to ``kwargs``.
 
     With kwargs the result is a ``functools.partial`` that keeps the reward's ``__name__`` (TRL logs rewards under
-    it); each kwarg must be a named parameter of the reward, so a typo fails here rather than being ignored.
+    it); each kwarg must be a named parameter of the reward, so a typo fails here rather than being ignored, and a
+    reward that checks its values (``_checks_kwargs``: ``dynamic_iou``'s schedule) checks them here too.
 
     >>> resolve_reward("suzak.scoring.rewards.think_format") is think_format
     True
@@ -495,6 +694,8 @@ def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
             raise SuzakError(
                 f"reward {name!r} has no parameter {key!r}; its parameters: {', '.join(settable) or '(none)'}"
             )
+    if (check := getattr(func, "check_kwargs", None)) is not None:
+        check(kwargs)
 
 
 def read_after_opening(reward: Callable, opening: str) -> Callable:
