@@ -142,8 +142,28 @@ def test_a_runs_held_out_rows_are_the_next_indices():
     assert [row["solution"] for row in held] == gui_click(2, seed=3, start=2)["solution"]
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_click_rows_pass_the_checks_and_click_accuracy_gives_the_ideal_click_full_marks(family):
+    """With the `click` prompt a row asks for a point (``answer_kind: point``): the rows pass the checks before step 1
+    at a recipe's budget, the pre-flight's ideal answer is the gold box's centre as ``{"point_2d": [x, y]}`` in the
+    family's frame, and click_accuracy gives it 1.0 (and a box reward would not: the answer is a point)."""
+    from suzak.media.boxes import model_answer, with_box_frame
+    from suzak.media.vision import PixelBudget, family_factors
+    from suzak.scoring.rewards import click_accuracy, resolve_reward
+    from suzak.training.checks import preflight, validate_rows
+
+    budget = PixelBudget(3136, 401408, factor=family_factors()[family])
+    dataset = gui_click(4, seed=2)
+    assert validate_rows(dataset, budget, family=family) == [] and set(dataset["answer_kind"]) == {"point"}
+    rows = [with_box_frame(row, family, budget) for row in dataset]
+    assert all('"point_2d"' in model_answer(row) for row in rows)
+    preflight(rows, [resolve_reward("click_accuracy")], "box")
+    wrong = [model_answer(rows[(i + 1) % 4]) for i in range(4)]  # another screen's button: somewhere else
+    assert click_accuracy(wrong, [r["solution"] for r in rows], [r["box_frame"] for r in rows]) != [1.0] * 4
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_rows_train_as_boxes_until_the_click_reward_is_in(family):
+def test_with_the_rec_prompt_the_rows_train_as_boxes(family):
     """With the `rec` prompt the rows are grounding rows: they pass the checks before step 1 at a recipe's budget
     (every gold box still a box in the family's frame) and the box rewards give the ideal answer 1.0."""
     from suzak.media.boxes import with_box_frame

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from suzak import SuzakError
+from suzak.media.boxes import ANSWER_KIND_COLUMN
 from suzak.scoring.prompts import build_conversation, get_template
 
 __all__ = ["ASPECTS", "COLORS", "GAP", "SHAPES", "draw_button", "gui_click"]
@@ -202,7 +203,8 @@ def gui_click(num_rows: int = 1000, *, seed: int = 0, start: int = 0, min_width:
         problem = f"the {target['colour']} {target['shape']} button"
         rows.append({"prompt": build_conversation(prompt_template.render(problem)), "image": _png(image),
                      "solution": json.dumps(list(target["box"])), "problem": problem, "width": image.width,
-                     "height": image.height, "index": index, "buttons": json.dumps(drawn)})  # fmt: skip
+                     "height": image.height, "index": index, "buttons": json.dumps(drawn),
+                     ANSWER_KIND_COLUMN: "point" if template == "click" else "box"})  # fmt: skip
     if images == "shuffled":  # the screens permuted across rows: each row's question and box kept
         order = np.random.default_rng([seed, start, 1]).permutation(num_rows)
         screens = [{k: rows[i][k] for k in ("image", "width", "height", "buttons")} for i in order]

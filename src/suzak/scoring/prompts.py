@@ -87,7 +87,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("think", _THINK, "think_answer", "R1-style <think>/<answer> for any short answer (zoom recipe)"),
         PromptTemplate("rec", _REC, "box", "grounding: the referred object's box in the model's frame"),
         PromptTemplate("rec_r1", _REC_R1, "think_answer", "grounding as VLM-R1 trains it: the box as JSON in <answer>"),
-        PromptTemplate("click", _CLICK, "point", "GUI click: a point inside the named element, in the model's frame"),
+        PromptTemplate("click", _CLICK, "box", "GUI click: a point inside the named element, in the model's frame"),
     )
 }
 
