@@ -23,6 +23,8 @@ Qwen2.5-VL's 28-pixel tokens, 64×64 at Qwen3-VL's 32). The tasks (one module ea
   at IoU >= 0.75 and ``box_format``; the figure is the mean ``iou`` (logged at weight 0). A continuous IoU reward
   pays the whole-image box 0.25 whatever the image, as much as a guess of one cell, and GRPO settles there; IoU >=
   0.5 pays a two-cell box half the time; at 0.75 only the right cell scores.
+- ``mixture``: the colour task's squares and the video task's clips in one run, 1:1, each source scored by its own
+  reward routed to its rows (:mod:`suzak.data.mixture`, docs/mixtures.md); every bar applies to each source's rows;
 - ``zoom``: thinking with images (docs/tools.md). "What colour are the checks in [box]?" over 448-pixel images
   seen at 4x4 tokens, where the square checked in two colours that average to grey is grey
   (:mod:`suzak.data.zoom`); the policy may call the zoom, whose crop of the original (4x4 tokens too) shows the
@@ -50,6 +52,7 @@ machine, before spending GPU hours:
     python -m suzak.selftest --task counting        # CLEVR counting, 1-3 objects
     python -m suzak.selftest --task video           # the video path: clips of a ball that turns red or blue
     python -m suzak.selftest --task grounding       # boxes: mean IoU rises with aligned images only
+    python -m suzak.selftest --task mixture         # two tasks in one run: each source learns through its pixels
     python -m suzak.selftest --task zoom            # thinking with images: the zoom beats the no-tool control
     python -m suzak.selftest --device cuda --json selftest.json
     python -m suzak.selftest --vllm                 # training generates with vLLM (colocate): a GPU install, or
