@@ -177,13 +177,14 @@ def test_r1v_extracted_answers_are_r1v_scripts():
 
 
 def test_every_task_has_strict_and_only_gsm8k_the_video_task_and_jsonl_lack_r1v():
-    rewards = [s.reward for s in SCORERS.values() if s.reward and s.name != "rec"]  # boxes: `suzak.eval rec`
+    rewards = [s.reward for s in SCORERS.values() if s.reward and s.name not in ("rec", "click")]  # frames: own tasks
     assert TASKS["jsonl"].rules == []  # a user's own file: scored once --reward names the training reward
     assert [TASKS["jsonl"].scored_by(reward).scorer("strict").reward for reward in rewards] == rewards
-    with pytest.raises(SuzakError, match=r"--reward 'rec_accuracy': boxes are scored .* by `suzak.eval rec`"):
-        TASKS["jsonl"].scored_by("rec_accuracy")
+    for reward in ("rec_accuracy", "click_accuracy"):
+        with pytest.raises(SuzakError, match=rf"--reward '{reward}': boxes and clicks are scored .* `suzak.eval rec`"):
+            TASKS["jsonl"].scored_by(reward)
     rules = {"gsm8k": ["strict"], "moving_ball": ["strict"], "jsonl": ["strict"], "rec": ["vlm_r1", "strict"],
-             "grounding_shapes": ["vlm_r1", "strict"]}  # fmt: skip
+             "grounding_shapes": ["vlm_r1", "strict"], "gui_click": ["strict"]}  # fmt: skip
     for task in [t for t in TASKS.values() if t.name != "jsonl"] + [TASKS["jsonl"].scored_by(r) for r in rewards]:
         assert task.rules == rules.get(task.name, ["r1v", "strict"])
         assert SCORERS[task.scorers["strict"]].reward in REWARDS  # strict is the training reward's parser

@@ -12,6 +12,7 @@ import pytest
 from suzak import SuzakError
 from suzak.data import build_dataset
 from suzak.data.gui import ASPECTS, COLORS, GAP, SHAPES, gui_click
+from suzak.eval.tasks import get_task
 from suzak.scoring.parsing import gold_boxes
 from suzak.scoring.prompts import render_prompt
 
@@ -177,3 +178,31 @@ def test_with_the_rec_prompt_the_rows_train_as_boxes(family):
     rows = [with_box_frame(row, family, budget) for row in dataset]
     assert all(row["box_frame"]["resized_width"] < row["width"] for row in rows)  # larger than the budget
     preflight(rows, [resolve_reward(name, {"answer_format": "box"}) for name in ("iou", "rec_accuracy")], "box")
+
+
+def test_the_click_scorer_reads_the_point_in_the_items_frame_as_click_accuracy_does():
+    """`suzak eval gui_click`'s strict rule: the answer's point in the item's frame, inside the gold box there; the
+    extracted answer is the point on the original screen."""
+    from suzak.eval.tasks import box_gold, score_rules
+    from suzak.media.boxes import BoxFrame
+    from suzak.media.vision import PixelBudget
+
+    frame = BoxFrame.of("qwen2_5_vl", 2000, 1000, PixelBudget(3136, 401408, factor=28))
+    gold = box_gold([[1000, 500, 1100, 600]], "box", frame.as_dict())
+    x, y = frame.click_point([1000, 500, 1100, 600])
+    (point, right), = [v for v in score_rules(get_task("gui_click"), f'{{"point_2d": [{x}, {y}]}}', gold).values()]
+    assert right and 1000 <= point[0] <= 1100 and 500 <= point[1] <= 600
+    assert score_rules(get_task("gui_click"), '{"point_2d": [2, 2]}', gold)["strict"] == ([4.46, 4.46], False)  # 2 x 2000/896
+    assert score_rules(get_task("gui_click"), "no point", gold)["strict"] == (None, False)
+
+
+def test_suzak_eval_gui_click_answers_held_out_screens_and_draws_the_clicks(tmp_path, tiny_model_dir):
+    from suzak.eval import cli
+
+    out = tmp_path / "clicks.json"
+    cli.main(["gui_click", "--model_path", str(tiny_model_dir), "--num_rows", "3", "--max_new_tokens", "8",
+              "--output_path", str(out), "--no_progress"])  # fmt: skip
+    results = json.loads(out.read_text())
+    assert results["scoring"] == "strict" and len(results["results"]) == 3
+    assert results["results"][0]["ground_truth"]["frame"]["family"] == "qwen2_5_vl"
+    assert "boxes_plot=clicks.png" in (tmp_path / "clicks.md").read_text() and (tmp_path / "clicks.png").is_file()

@@ -191,6 +191,20 @@ def _score_vlm_r1(output: str, gold) -> tuple[list | None, bool]:
     return box, vlm_r1_iou(box, boxes[0]) > 0.5
 
 
+def _score_click(output: str, gold) -> tuple[list | None, bool]:
+    """The ``click_accuracy`` reward, called as training calls it: the answer's point in the item's frame inside the
+    gold box there. The extracted answer is that point in original pixels."""
+    from suzak.scoring.parsing import point_parser
+    from suzak.scoring.rewards import click_accuracy
+
+    boxes, answer_format, frame = _read_box_gold(gold)
+    if frame is None:  # the item is only being checked (no model yet)
+        return None, False
+    [correct] = click_accuracy([output], [json.dumps(boxes[0])], [frame.as_dict()], answer_format=answer_format)
+    point = point_parser(answer_format)(output)
+    return ([round(v, 2) for v in frame.point_from_model(point)] if point else None), correct == 1.0
+
+
 SCORERS: dict[str, Scorer] = {
     s.name: s
     for s in (
@@ -202,6 +216,7 @@ SCORERS: dict[str, Scorer] = {
         Scorer("word", "strict", "word_match", _score_word),
         Scorer("rec", "strict", "rec_accuracy", _score_rec),
         Scorer("vlm_r1_rec", "vlm_r1", None, _score_vlm_r1),
+        Scorer("click", "strict", "click_accuracy", _score_click),
     )
 }
 
@@ -310,11 +325,12 @@ class Task:
         """This task scored by the ``strict`` scorer that agrees with training reward ``reward`` (``jsonl``'s
         ``--reward``); one line naming the rewards that have one when it has none."""
         by_reward = {scorer.reward: scorer.name for scorer in SCORERS.values() if scorer.reward}
-        if by_reward.get(reward) == "rec":
-            raise SuzakError(f"--reward {reward!r}: boxes are scored in each image's frame by `suzak.eval rec` "
-                             "(your JSONL of grounding lines, VLM-R1's files or the Hub layout: docs/grounding.md)")  # fmt: skip
+        if by_reward.get(reward) in ("rec", "click"):
+            raise SuzakError(f"--reward {reward!r}: boxes and clicks are scored in each image's frame by `suzak.eval "
+                             "rec` (your JSONL of grounding lines, VLM-R1's files or the Hub layout) or `suzak.eval "
+                             "gui_click` (docs/grounding.md)")  # fmt: skip
         if reward not in by_reward:
-            usable = [name for name, scorer in by_reward.items() if scorer != "rec"]
+            usable = [name for name, scorer in by_reward.items() if scorer not in ("rec", "click")]
             raise SuzakError(f"--reward {reward!r}: no eval scorer agrees with it; one of: {', '.join(usable)}")
         return replace(self, scorers={"strict": by_reward[reward]})
 
@@ -330,6 +346,8 @@ _NO_RULE = {
     ("jsonl", "r1v"): "R1-V's rules belong to its own test sets",
     ("rec", "r1v"): "R1-V has no grounding task; VLM-R1's rule is vlm_r1",
     ("grounding_shapes", "r1v"): "R1-V has no grounding task; VLM-R1's rule is vlm_r1",
+    ("gui_click", "r1v"): "R1-V has no GUI task",
+    ("gui_click", "vlm_r1"): "VLM-R1's rule reads boxes, a click is a point",
 }
 
 
@@ -440,6 +458,15 @@ def _grounding_items(prompt_path: str | None, *, template: str, num_rows: int, d
     return _box_items(grounding_shapes(num_rows, seed=data_seed, template=template), template, None)
 
 
+def _gui_click_items(prompt_path: str | None, *, template: str, num_rows: int, data_seed: int,
+                     **_unused) -> list[EvalItem]:  # fmt: skip
+    """Held-out procedural GUI screens (:func:`suzak.data.gui.gui_click`, seed ``data_seed``): the named button's box
+    is the gold a click must land in."""
+    from suzak.data.gui import gui_click
+
+    return _box_items(gui_click(num_rows, seed=data_seed, template=template), template, None)
+
+
 def _box_items(dataset, template: str, source: str | None) -> list[EvalItem]:
     answer_format = get_template(template).answer_format
     items = []
@@ -475,6 +502,8 @@ TASKS: dict[str, Task] = {
              "RefCOCO/+/g referring expressions (VLM-R1's files or the Hub layout): accuracy at IoU 0.5"),
         Task("grounding_shapes", _grounding_items, _REC_RULES, "rec", "rec", None, 32, 32,
              "held-out procedural grounding: the named shape's box"),
+        Task("gui_click", _gui_click_items, {"strict": "click"}, "click", "click", None, 16, 32,
+             "held-out procedural GUI screens: a click on the named button"),
     )
 }  # fmt: skip
 
