@@ -190,9 +190,12 @@ def test_the_click_scorer_reads_the_point_in_the_items_frame_as_click_accuracy_d
     frame = BoxFrame.of("qwen2_5_vl", 2000, 1000, PixelBudget(3136, 401408, factor=28))
     gold = box_gold([[1000, 500, 1100, 600]], "box", frame.as_dict())
     x, y = frame.click_point([1000, 500, 1100, 600])
-    (point, right), = [v for v in score_rules(get_task("gui_click"), f'{{"point_2d": [{x}, {y}]}}', gold).values()]
+    ((point, right),) = [v for v in score_rules(get_task("gui_click"), f'{{"point_2d": [{x}, {y}]}}', gold).values()]
     assert right and 1000 <= point[0] <= 1100 and 500 <= point[1] <= 600
-    assert score_rules(get_task("gui_click"), '{"point_2d": [2, 2]}', gold)["strict"] == ([4.46, 4.46], False)  # 2 x 2000/896
+    assert score_rules(get_task("gui_click"), '{"point_2d": [2, 2]}', gold)["strict"] == (
+        [4.46, 4.46],
+        False,
+    )  # 2 x 2000/896
     assert score_rules(get_task("gui_click"), "no point", gold)["strict"] == (None, False)
 
 
