@@ -185,3 +185,35 @@ def test_a_sources_own_pixel_budget_is_refused_until_it_is_applied(tmp_path, run
     assert result.returncode == 1 and "loaded " not in result.stderr, result.stderr[-2000:]
     assert errors == ["error: source 'colour': a source's own min_pixels/max_pixels are not applied yet (issue 52): "
                       "set the run's min_pixels/max_pixels"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_ranks_build_one_mixture_and_train_disjoint_rows_of_it(tmp_path, run_env):
+    """torchrun, 2 CPU ranks (gloo), recipes/mixture_smoke.yaml: both ranks build the same mixture (the same rows in
+    the same order), each generation batch's rows are split between them with no row on both, a row's group stays on
+    one rank, and over the run each source's share of either rank's prompts follows the 3:1 weights."""
+    import json
+    import sys
+    from collections import Counter
+
+    from conftest import run_ok
+
+    out, record = tmp_path / "ddp", tmp_path / "record"
+    record.mkdir()
+    env = {**run_env, "SUZAK_CACHE": str(tmp_path / "cache")}
+    run_ok([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "tests/rank_probe.py", "--record",
+            str(record), "--", "--config", "recipes/mixture_smoke.yaml", "--max_steps", "6",
+            "--per_device_train_batch_size", "16", "--eval_rows", "0", "--output_dir", str(out)], env,
+           timeout=900)  # fmt: skip
+    ranks = [json.loads((record / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["dataset"] == ranks[1]["dataset"] and len(ranks[0]["dataset"]) == 32
+    assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == 6
+    shares = []
+    for rank in ranks:
+        prompts = [rows[i] for rows in rank["batches"] for i in range(0, len(rows), 4)]  # one row a group of 4
+        assert all(len(set(map(tuple, rows[i : i + 4]))) == 1 for rows in rank["batches"] for i in range(0, 16, 4))
+        shares.append(Counter(row[0] for row in prompts))
+    for mine, theirs in zip(ranks[0]["batches"], ranks[1]["batches"], strict=True):
+        assert not {row[3] for row in mine} & {row[3] for row in theirs}  # no row on both ranks in one batch
+    for counts in shares:  # 24 prompts a rank; 3:1 gives 18 colour in expectation (binomial sd ~2.1)
+        assert sum(counts.values()) == 24 and 12 <= counts["colour"] <= 23 and counts["boxes"] >= 1, shares
