@@ -217,3 +217,25 @@ def test_two_ranks_build_one_mixture_and_train_disjoint_rows_of_it(tmp_path, run
         assert not {row[3] for row in mine} & {row[3] for row in theirs}  # no row on both ranks in one batch
     for counts in shares:  # 24 prompts a rank; 3:1 gives 18 colour in expectation (binomial sd ~2.1)
         assert sum(counts.values()) == 24 and 12 <= counts["colour"] <= 23 and counts["boxes"] >= 1, shares
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"dataset": "grounding_shape"}, "source 'boxes'"),
+    ({"rewards": ["clevr_count"], "reward_weights": [1.0]}, "source 'boxes'"),
+])  # fmt: skip
+def test_a_source_its_builder_or_rewards_cannot_serve_stops_before_the_weights_load(change, said, tmp_path, capsys):
+    """An unknown builder, or a reward whose parser cannot read a source's gold answers (the pre-flight per source):
+    one line naming the source from `suzak train`, before any model loads."""
+    from suzak.train import main
+
+    import yaml
+
+    with open("recipes/mixture_smoke.yaml") as file:
+        sources = yaml.safe_load(file)["datasets"]
+    sources[1] = {**sources[1], **change}
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "recipes/mixture_smoke.yaml", "--datasets", json.dumps(sources),
+              "--output_dir", str(tmp_path / "run")])  # fmt: skip
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message and said in message, message
+    assert "loaded " not in capsys.readouterr().err
