@@ -226,9 +226,9 @@ def test_two_ranks_build_one_mixture_and_train_disjoint_rows_of_it(tmp_path, run
 def test_a_source_its_builder_or_rewards_cannot_serve_stops_before_the_weights_load(change, said, tmp_path, capsys):
     """An unknown builder, or a reward whose parser cannot read a source's gold answers (the pre-flight per source):
     one line naming the source from `suzak train`, before any model loads."""
-    from suzak.train import main
-
     import yaml
+
+    from suzak.train import main
 
     with open("recipes/mixture_smoke.yaml") as file:
         sources = yaml.safe_load(file)["datasets"]
