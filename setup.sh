@@ -132,6 +132,8 @@ fi
 disk_check() {  # $1: the environment's folder (made or not)
   local need=10 dir=$1 free
   [ "$path" != gpu ] || need=20  # vllm's CUDA wheels and a flash-attn build
+  # From --wheels the downloads are on disk already (pip neither fetches nor caches them): .venv's 6.6 GB and a build.
+  [ -z "$wheels" ] || [ "$path" != cpu ] || need=8
   "$dir/bin/python" -c 'import torch' >/dev/null 2>&1 && return 0  # a rerun: torch is in already
   while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
   free=${SUZAK_DISK_FREE_GB:-$(df -Pk "$dir" | awk 'NR == 2 { print int($4 / 1048576) }')}  # (tests set it)
