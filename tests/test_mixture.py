@@ -172,19 +172,77 @@ def test_one_dataset_fields_beside_a_mixture_are_one_line(tmp_path):
     assert [s.name for s in suzak_args.mixture()] == ["colour", "boxes"]
 
 
-def test_a_sources_own_pixel_budget_is_refused_until_it_is_applied(tmp_path, run_env):
-    import sys
+@pytest.mark.parametrize("boxes_max", [12544, 100352])
+def test_each_sources_rows_are_fitted_to_its_own_pixel_budget(boxes_max, tiny_model_dir, tmp_path):
+    """A source's own max_pixels (the boxes: 12544 pixels, 16 visual tokens, or 100352, 128; colour on the recipe's
+    50176): its rows are fitted to it in training's batches, their box frames are in that frame, the pre-check counts
+    its tokens, its held-out rows reach the eval engine at it; the processor (and so vLLM, whose bounds are checked
+    against the same budget) resizes into the budget enclosing both, which leaves every fitted image as it is: one
+    prompt size per row everywhere."""
+    from suzak.eval.engine import HFEngine
+    from suzak.media.boxes import BoxFrame
+    from suzak.media.vision import PixelBudget, images_of, processor_bounds
+    from suzak.runs.generation_eval import GenerationEvalCallback
+    from suzak.training.build import grpo_trainer
+    from suzak.training.checks import precheck
+    from suzak.training.configs import parse_args
 
-    from conftest import ROOT
+    import yaml
 
-    result = subprocess.run([sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml",
-                             "--datasets", json.dumps([{**TWO[0], "max_pixels": 100352}, TWO[1]]),
-                             "--output_dir", str(tmp_path / "out")], cwd=ROOT, env=run_env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode == 1 and "loaded " not in result.stderr, result.stderr[-2000:]
-    assert errors == ["error: source 'colour': a source's own min_pixels/max_pixels are not applied yet (issue 52): "
-                      "set the run's min_pixels/max_pixels"]  # fmt: skip
+    with open("recipes/mixture_smoke.yaml") as file:
+        sources = yaml.safe_load(file)["datasets"]
+    sources[1] = {**sources[1], "max_pixels": boxes_max}
+    trainer = grpo_trainer(*parse_args([
+        "--config", "recipes/mixture_smoke.yaml", "--model_name_or_path", str(tiny_model_dir), "--datasets",
+        json.dumps(sources), "--eval_rows", "4", "--max_steps", "1", "--output_dir", str(tmp_path / "out")]))  # fmt: skip
+    budget = trainer.pixel_budget
+    enclosing = max(boxes_max, 50176)
+    assert (budget.min_pixels, budget.max_pixels, budget.factor) == (3136, enclosing, 28)
+    assert processor_bounds(trainer.processing_class) == (3136, enclosing)
+    rows = list(trainer.train_dataset)
+    own = {"colour": PixelBudget(3136, 50176, 28), "boxes": PixelBudget(3136, boxes_max, 28)}
+    assert {row["source"]: tuple(row["pixel_budget"]) for row in rows} == {"colour": (3136, 50176),
+                                                                          "boxes": (3136, boxes_max)}  # fmt: skip
+    picked = [next(r for r in rows if r["source"] == "colour"), *[r for r in rows if r["source"] == "boxes"][:3]]
+    batch = trainer.prepare_batch(picked)
+    for original, fitted in zip(picked, batch, strict=True):
+        (image,), (fit,) = images_of(original), images_of(fitted)
+        assert (fit.height, fit.width) == own[original["source"]].size(image.height, image.width)
+        if original["source"] == "boxes":
+            assert fitted["box_frame"] == BoxFrame.of("qwen2_5_vl", image.width, image.height,
+                                                      own["boxes"]).as_dict()  # fmt: skip
+            # scenes of up to 900 pixels a side, each past both budgets: fitted to the source's
+            assert fit.width * fit.height > 50176 if boxes_max > 50176 else fit.width * fit.height <= boxes_max
+        # the processor leaves a fitted image as it is: its visual tokens are the row's own budget's
+        grid = trainer.processing_class.image_processor(images=[fit], return_tensors="pt")["image_grid_thw"]
+        assert int(grid.prod()) // 4 == own[original["source"]].tokens(image.height, image.width)
+    report = precheck(trainer.train_dataset, trainer.processing_class, budget, max_completion_length=32,
+                      context_length=None)  # fmt: skip
+    assert report["visual_tokens"]["max"] == max(own[r["source"]].tokens(*images_of(r)[0].size[::-1]) for r in rows)
+    held = next(c for c in trainer.callback_handler.callbacks if isinstance(c, GenerationEvalCallback))
+    boxes = [row for row in held.rows if row["source"] == "boxes"]
+    assert len(boxes) == 4 and all(tuple(row["pixel_budget"]) == (3136, boxes_max) for row in boxes)
+    engine = HFEngine(trainer.model, trainer.processing_class, held.budget, 4, 8, progress=False)
+    (image,), (fit,) = images_of(boxes[0]), engine.fitted_images(boxes[0])
+    assert (fit.height, fit.width) == own["boxes"].size(image.height, image.width)
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"min_pixels": 100, "max_pixels": 200}, "datasets[1] ('boxes'): max_pixels 200 is below one visual token of "
+                                             "this model (28x28"),
+    ({"max_pixels": 1000}, "datasets[1] ('boxes'): max_pixels 1000 is below min_pixels 3136 (the recipe's: set the "
+                           "source's min_pixels too)"),
+    ({"min_pixels": 60000, "max_pixels": 50000}, "datasets[1] ('boxes'): min_pixels 60000 must be at least 1 and at "
+                                                 "most max_pixels (50000)"),
+])  # fmt: skip
+def test_a_sources_pixel_budget_that_cannot_be_is_one_line_before_the_weights_load(change, said, tmp_path):
+    from suzak.train import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "recipes/mixture_smoke.yaml", "--datasets", json.dumps([TWO[0], {**TWO[1], **change}]),
+              "--output_dir", str(tmp_path / "run")])  # fmt: skip
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message and said in message, message
 
 
 @pytest.mark.slow

@@ -424,6 +424,27 @@ def test_grounding_trains_with_colocated_vllm_and_both_engines_answer_alike(vllm
             assert (a["extracted_answer"], a["is_correct"]) == (b["extracted_answer"], b["is_correct"])
 
 
+def test_a_mixtures_own_pixel_budgets_reach_vllm_as_training_fits_them(vllm_env, tmp_path, tiny_processor):
+    """``recipes/mixture_smoke.yaml`` with ``--use_vllm true``: the boxes source fits its scenes to its own 100352
+    pixels (up to 128 visual tokens), colour its squares to the recipe's 50176; vLLM, resizing into the budget
+    enclosing both, expands each row's image to exactly the prompt ids the policy trains on, and the guard finds
+    vLLM following the policy."""
+    from suzak.media.vision import vision_token_ids
+
+    output_dir, record = tmp_path / "run", tmp_path / "record.json"
+    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config",
+            "recipes/mixture_smoke.yaml", "--use_vllm", "true", "--max_steps", "3", "--eval_rows", "0",
+            "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
+    seen = json.loads(record.read_text())
+    assert len(seen["vllm_prompt_ids"]) == 3 * 16 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert pad in vision_token_ids(tiny_processor)
+    tokens = {ids.count(pad) for ids in seen["training_prompt_ids"]}
+    assert max(tokens) > 64, tokens  # a scene past the recipe's 64 tokens, at its source's own budget
+    checks = _checks(output_dir)
+    assert list(checks) == [1] and checks[1] < 1e-5, checks
+
+
 # --- TRL's vLLM importance-sampling modes with images ---------------------------------------------------------------
 
 

@@ -134,6 +134,9 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
             value = entry.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise SuzakError(f"{where}: {key} {value!r} must be a whole number of 0 or more")
+        low, high = entry.get("min_pixels"), entry.get("max_pixels")
+        if low == 0 or (low is not None and high is not None and low > high):
+            raise SuzakError(f"{where}: min_pixels {low} must be at least 1 and at most max_pixels ({high})")
         options = entry.get("options") or {}
         if not isinstance(options, Mapping):
             raise SuzakError(f"{where}: options must be a mapping of the builder's options, got {options!r}")

@@ -104,7 +104,8 @@ class _BatchedEngine(abc.ABC):
         self.video_budget = budget.for_model(self.processing_class)
 
     def fitted_images(self, row: dict) -> list[Image.Image]:
-        return [self.budget.fit(image) for image in images_of(row)]
+        budget = self.budget.of_row(row)  # a mixture source's own bounds, where its rows carry them
+        return [budget.fit(image) for image in images_of(row)]
 
     def clip(self, row: dict) -> Clip | None:
         """The row's video read to the video budget (once per generate call), None for a row without one."""
@@ -114,7 +115,7 @@ class _BatchedEngine(abc.ABC):
         """Prompt tokens: text tokens with each image placeholder expanded to the budget's visual tokens (and a
         video's placeholder to its clip's)."""
         text = self.prompt_text(row) if text is None else text
-        length = prompt_tokens(_tokenizer(self.processing_class), text, images_of(row), self.budget)
+        length = prompt_tokens(_tokenizer(self.processing_class), text, images_of(row), self.budget.of_row(row))
         clip = self.clip(row)
         if clip is not None:
             frames, height, width, _ = clip.frames.shape

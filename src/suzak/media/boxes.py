@@ -257,6 +257,7 @@ def with_box_frame(row: dict[str, Any], family: str | None, budget: PixelBudget)
     """
     if family not in FRAMES:
         return row
+    budget = budget.of_row(row)  # a mixture source's own bounds, where its rows carry them
     images = images_of(row)
     frame = BoxFrame.of(family, images[0].width, images[0].height, budget) if len(images) == 1 else None
     if row.get(QUESTION_BOXES_COLUMN) is not None:

@@ -43,6 +43,7 @@ __all__ = [
     "FAMILIES",
     "IMAGE_COLUMNS",
     "MAX_ASPECT_RATIO",
+    "PIXEL_BUDGET_COLUMN",
     "VISION_PLACEHOLDERS",
     "PixelBudget",
     "collapse_runs",
@@ -71,6 +72,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MIN_PIXELS = 3136  # 4 tokens of 28×28 pixels (Qwen2-VL, Qwen2.5-VL), 3 of 32×32 (Qwen3-VL, Qwen3.5)
 DEFAULT_MAX_PIXELS = 401408  # R1-V's CLEVR setting: 512 tokens of 28×28 pixels, 392 of 32×32
+# A row's own [min_pixels, max_pixels] (a mixture source's: suzak.data.mixture); None or absent: the run's budget.
+PIXEL_BUDGET_COLUMN = "pixel_budget"
 MAX_ASPECT_RATIO = 200  # qwen-vl-utils' and transformers' smart_resize refuse longer sides beyond 200x the shorter
 
 # The vision-language families whose images suzak sizes: transformers' model_type -> name. Each resizes images to
@@ -240,6 +243,39 @@ class PixelBudget:
 
     def fit(self, image: Image.Image) -> Image.Image:
         return fit_image(image, self.min_pixels, self.max_pixels, factor=self._factor())
+
+    def of_row(self, row: Mapping[str, Any]) -> PixelBudget:
+        """The budget of one data row's images: the row's own bounds (:data:`PIXEL_BUDGET_COLUMN`, set on the rows of
+        a mixture source with its own ``min_pixels``/``max_pixels``) on this budget's patch factor, else this budget.
+
+        This budget is the one processors and vLLM are configured with, so it must enclose the row's: an image
+        fitted to the row's bounds is then left at its size by every processor downstream.
+
+        >>> run = PixelBudget(3136, 401408, factor=28)
+        >>> run.of_row({"pixel_budget": [3136, 50176]}).tokens(480, 640), run.of_row({}).tokens(480, 640)
+        (54, 391)
+        """
+        own = row.get(PIXEL_BUDGET_COLUMN)
+        if own is None:
+            return self
+        low, high = (int(value) for value in own)
+        if (low, high) == (self.min_pixels, self.max_pixels):
+            return self
+        if not (self.min_pixels <= low <= high <= self.max_pixels):
+            raise SuzakError(f"a row's {PIXEL_BUDGET_COLUMN} [{low}, {high}] is not inside the run's pixel budget "
+                             f"[{self.min_pixels}, {self.max_pixels}], which the processors resize into")  # fmt: skip
+        return dataclasses.replace(self, min_pixels=low, max_pixels=high)
+
+    def enclosing(self, others: Sequence[PixelBudget]) -> PixelBudget:
+        """The smallest budget containing this one and ``others`` (same factor): what the processors and vLLM are
+        set to when a mixture's sources fit their rows to budgets of their own.
+
+        >>> PixelBudget(3136, 50176).enclosing([PixelBudget(12544, 1003520)])
+        PixelBudget(min_pixels=3136, max_pixels=1003520, factor=None)
+        """
+        budgets = [self, *others]
+        return dataclasses.replace(self, min_pixels=min(b.min_pixels for b in budgets),
+                                   max_pixels=max(b.max_pixels for b in budgets))  # fmt: skip
 
     def within(self, min_pixels: int, max_pixels: int) -> bool:
         """True when a processor resizing into [min_pixels, max_pixels] leaves every fitted image as it is.
@@ -563,16 +599,18 @@ def images_of(row: Mapping[str, Any]) -> list[Image.Image]:
 
 
 def fit_row_images(row: Mapping[str, Any], budget: PixelBudget, memo: dict | None = None) -> dict:
-    """A copy of a data row with every image fitted to ``budget`` (:func:`map_row_images`).
+    """A copy of a data row with every image fitted to ``budget`` (:func:`map_row_images`), or to the row's own
+    bounds where it has them (:meth:`PixelBudget.of_row`).
 
     Rows fitted with the same ``memo`` dict resize an image they share (by content: mode, size, pixels) once: a GRPO
     batch holds each prompt ``num_generations`` times, each a separately decoded copy of the same image.
     """
+    budget = budget.of_row(row)  # a mixture source's own bounds, where its rows carry them
     if memo is None:
         return map_row_images(row, budget.fit)
 
     def fit(image: Image.Image) -> Image.Image:
-        key = (image.mode, image.size, image.tobytes())
+        key = (image.mode, image.size, image.tobytes(), budget.min_pixels, budget.max_pixels)
         if key not in memo:
             memo[key] = budget.fit(image)
         return memo[key]

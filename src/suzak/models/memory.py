@@ -146,6 +146,21 @@ def choose(shape: ModelShape, work: Workload, gpu_gib: float, host_ram_gib: floa
     return Plan("zero2_offload", slow, gpu_gib, slow <= room and host <= host_ram_gib, why)
 
 
+def _largest_max_pixels(namespace) -> int:
+    """The largest image budget of a recipe: its max_pixels, or a mixture source's own where that is larger.
+
+    >>> from types import SimpleNamespace
+    >>> _largest_max_pixels(SimpleNamespace(max_pixels=50176, datasets='[{"name": "a"}, {"max_pixels": 1003520}]'))
+    1003520
+    """
+    import json
+
+    sources = getattr(namespace, "datasets", None) or []
+    if isinstance(sources, str):
+        sources = json.loads(sources)
+    return max([namespace.max_pixels, *(s.get("max_pixels") or 0 for s in sources if isinstance(s, dict))])
+
+
 def prompt_tokens_bound(max_pixels: int, factor: int | None, text_tokens: int = 128) -> int:
     """An upper bound on a prompt's tokens: a full pixel budget of visual tokens (one image) plus the text."""
     return (max_pixels // (factor * factor) if factor else 0) + text_tokens
@@ -169,7 +184,7 @@ def plan_for(namespace, config) -> Plan:
     length = getattr(namespace, "max_completion_length", None) or getattr(namespace, "max_length", None) or 1024
     work = Workload(
         completions=namespace.per_device_train_batch_size,
-        prompt_tokens=prompt_tokens_bound(namespace.max_pixels, patch_factor(config)),
+        prompt_tokens=prompt_tokens_bound(_largest_max_pixels(namespace), patch_factor(config)),
         completion_tokens=length,
         beta=getattr(namespace, "beta", 0.0),
         vllm_share=namespace.vllm_gpu_memory_utilization if colocated else 0.0,

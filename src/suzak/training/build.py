@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,9 @@ class RunInputs:
     template: Any  # the prompt template (its answer format)
     family: str | None  # the model's model_type: its box frame
     sources: tuple = ()  # a mixture's (Source, its rewards unrouted, its template) per source; () for one dataset
+    # a mixture's budget per source name when any source sets its own min_pixels/max_pixels (each row is fitted to
+    # its source's, and ``budget`` is then the one enclosing them all, for the processors and vLLM); else empty
+    source_budgets: dict = field(default_factory=dict)
 
     @classmethod
     def read(cls, suzak_args, model_args, *, for_vllm: bool = False) -> RunInputs:
@@ -75,8 +78,17 @@ class RunInputs:
         )
         if sources:  # every source's rewards, each scoring its own source's rows alone
             rewards = [routed(func, source.name) for source, funcs, _ in sources for func in funcs]
+        budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels).for_model(config)
+        source_budgets = _source_budgets([source for source, _, _ in sources], suzak_args, config)
+        if source_budgets:
+            first, *rest = source_budgets.values()
+            budget = first.enclosing(rest)
+            logger.info("pixel budgets per source: %s; processors and vLLM resize into %d..%d pixels", ", ".join(
+                f"{name} {b.min_pixels}..{b.max_pixels}" for name, b in source_budgets.items()), budget.min_pixels,
+                budget.max_pixels)  # fmt: skip
         return cls(
-            budget=PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels).for_model(config),
+            budget=budget,
+            source_budgets=source_budgets,
             video_budget=suzak_args.video_budget().for_model(config),
             rewards=rewards,
             template=get_template(suzak_args.prompt_template),
@@ -100,6 +112,25 @@ class RunInputs:
     def scorer(self) -> Callable:
         """The held-out generation eval's score: the first reward."""
         return self.rewards[0]
+
+
+def _source_budgets(sources, suzak_args, config) -> dict[str, PixelBudget]:
+    """Each source's pixel budget (its own min_pixels/max_pixels, the recipe's where it sets none) on the model's
+    patch grid, when any source sets one; else {} (every row on the recipe's budget)."""
+    if not any(source.min_pixels is not None or source.max_pixels is not None for source in sources):
+        return {}
+    budgets = {}
+    for index, source in enumerate(sources):
+        low = suzak_args.min_pixels if source.min_pixels is None else source.min_pixels
+        high = suzak_args.max_pixels if source.max_pixels is None else source.max_pixels
+        if low > high:
+            whose = " (the recipe's: set the source's min_pixels too)" if source.min_pixels is None else ""
+            raise SuzakError(f"datasets[{index}] ({source.name!r}): max_pixels {high} is below min_pixels {low}{whose}")
+        try:
+            budgets[source.name] = PixelBudget(low, high).for_model(config)
+        except (ValueError, SuzakError) as error:
+            raise SuzakError(f"datasets[{index}] ({source.name!r}): {error}") from None
+    return budgets
 
 
 def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
@@ -264,27 +295,33 @@ def _mixture(suzak_args, train_args, inputs: RunInputs):
     from suzak.data import build_dataset
     from suzak.data.mixture import combine
     from suzak.media.boxes import with_box_frame
+    from suzak.media.vision import PIXEL_BUDGET_COLUMN
     from suzak.scoring.rewards import SOURCE_COLUMN
     from suzak.training.checks import preflight
 
     parts, heldout = [], []
     for source, funcs, template in inputs.sources:
-        if source.min_pixels is not None or source.max_pixels is not None:  # WIP: one budget for the run
-            raise SuzakError(f"source {source.name!r}: a source's own min_pixels/max_pixels are not applied yet "
-                             "(issue 52): set the run's min_pixels/max_pixels")  # fmt: skip
         options = {"template": source.prompt_template, **source.options}
-        own = replace(inputs, rewards=funcs, sources=())
+        budget = inputs.source_budgets.get(source.name, inputs.budget)
+        own = replace(inputs, rewards=funcs, sources=(), source_budgets={}, budget=budget)
         try:
             dataset = _validated(build_dataset(source.dataset, **options), suzak_args, train_args, own, source.name)
             if suzak_args.preflight_rows > 0:
-                rows = (with_box_frame(row, inputs.family, inputs.budget) for row in dataset)
+                rows = (with_box_frame(row, inputs.family, budget) for row in dataset)
                 preflight(rows, funcs, template.answer_format, num_rows=suzak_args.preflight_rows,
                           reward_weights=list(source.reward_weights) if source.reward_weights else None)  # fmt: skip
         except SuzakError as error:
             raise SuzakError(f"source {source.name!r}: {error}") from None
         eval_rows = suzak_args.eval_rows if source.eval_rows is None else source.eval_rows
         dataset, held = _held_out(source.dataset, options, dataset, eval_rows)
-        heldout += [{**row, SOURCE_COLUMN: source.name} for row in held or []]
+        named = {SOURCE_COLUMN: source.name}
+        if inputs.source_budgets:  # each row fitted to its source's budget, in training, vLLM and the held-out eval
+            if PIXEL_BUDGET_COLUMN in dataset.column_names:
+                raise SuzakError(f"source {source.name!r}: its rows have a {PIXEL_BUDGET_COLUMN!r} column of their "
+                                 "own; the mixture puts each row's source budget there")  # fmt: skip
+            named[PIXEL_BUDGET_COLUMN] = [budget.min_pixels, budget.max_pixels]
+            dataset = dataset.add_column(PIXEL_BUDGET_COLUMN, [named[PIXEL_BUDGET_COLUMN]] * len(dataset))
+        heldout += [{**row, **named} for row in held or []]
         parts.append(dataset)
     mixed = combine(parts, [source for source, _, _ in inputs.sources], seed=train_args.seed)
     logger.info("mixture of %d rows: %s", len(mixed), ", ".join(

@@ -36,7 +36,15 @@ from PIL import Image
 from suzak import SuzakError
 from suzak.media.boxes import QUESTION_BOXES_COLUMN, box_problem, model_answer, question_boxes_of
 from suzak.media.video import VIDEO_COLUMN, VideoBudget, row_clip, video_problem
-from suzak.media.vision import PixelBudget, image_columns, images_of, processor_bounds, prompt_tokens, to_rgb
+from suzak.media.vision import (
+    PIXEL_BUDGET_COLUMN,
+    PixelBudget,
+    image_columns,
+    images_of,
+    processor_bounds,
+    prompt_tokens,
+    to_rgb,
+)
 from suzak.scoring.parsing import gold_answer, gold_boxes
 from suzak.scoring.prompts import after_opening, render_answer, template_opening
 from suzak.scoring.rewards import reads_rollout
@@ -228,8 +236,9 @@ def precheck(
         images = images_of(row)
         not_one_image += len(images) != 1
         text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        length = prompt_tokens(tokenizer, text, images, budget)
-        visual.append(sum(budget.tokens(img.height, img.width) for img in images))
+        own = budget.of_row(row)  # a mixture source's own bounds, where its rows carry them
+        length = prompt_tokens(tokenizer, text, images, own)
+        visual.append(sum(own.tokens(img.height, img.width) for img in images))
         clip = row_clip(row, videos)
         if clip is not None:
             frames, height, width, _ = clip.frames.shape
@@ -331,6 +340,10 @@ def validate_rows(dataset, budget: PixelBudget, gold_parsers: dict[str, Callable
 def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict, image_columns: list[str],
                  family: str | None = None) -> dict:  # fmt: skip
     problem = {"index": index, "line": row.get("line"), "column": "", "reason": "", "image_file": None}
+    try:
+        budget = budget.of_row(row)  # a row's own bounds (a mixture source's), inside the run's
+    except SuzakError as error:
+        return problem | {"column": PIXEL_BUDGET_COLUMN, "reason": str(error)}
     video = row.get(VIDEO_COLUMN)
     if video is not None or not image_columns:  # a video row (in a video dataset, or one mixing image and video rows)
         file = video if isinstance(video, str) else None
