@@ -4,7 +4,6 @@ scoring only its own rows (work in progress: the trainer is not wired to it yet)
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 
 import pytest
@@ -179,6 +178,8 @@ def test_each_sources_rows_are_fitted_to_its_own_pixel_budget(boxes_max, tiny_mo
     its tokens, its held-out rows reach the eval engine at it; the processor (and so vLLM, whose bounds are checked
     against the same budget) resizes into the budget enclosing both, which leaves every fitted image as it is: one
     prompt size per row everywhere."""
+    import yaml
+
     from suzak.eval.engine import HFEngine
     from suzak.media.boxes import BoxFrame
     from suzak.media.vision import PixelBudget, images_of, processor_bounds
@@ -186,8 +187,6 @@ def test_each_sources_rows_are_fitted_to_its_own_pixel_budget(boxes_max, tiny_mo
     from suzak.training.build import grpo_trainer
     from suzak.training.checks import precheck
     from suzak.training.configs import parse_args
-
-    import yaml
 
     with open("recipes/mixture_smoke.yaml") as file:
         sources = yaml.safe_load(file)["datasets"]
