@@ -108,6 +108,20 @@ def demo_run(vllm_env, tmp_path_factory):
     return run_ok(command, vllm_env, timeout=900), output_dir
 
 
+def _ran_as_trained(env: dict, output_dir: Path, completions: int, *flags: str) -> dict:
+    """``tests/vllm_probe.py`` around a 3-step colocated run of ``flags``: vLLM ran exactly the prompt ids the policy
+    trains on (``completions`` a step), and the guard's one check (step 1) found vLLM within 1e-5 nats per token of
+    the policy. Returns the probe's record."""
+    record = output_dir.with_name(f"{output_dir.name}.record.json")
+    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", *flags, "--use_vllm", "true",
+            "--max_steps", "3", "--output_dir", str(output_dir)], env)  # fmt: skip
+    seen = json.loads(record.read_text())
+    assert len(seen["vllm_prompt_ids"]) == 3 * completions and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    checks = _checks(output_dir)
+    assert list(checks) == [1] and checks[1] < 1e-5, checks
+    return seen
+
+
 def _checks(output_dir: Path) -> dict[int, float]:
     """The stale-sampler guard's gap at each step it checked (``sampler_check/logp_gap`` in metrics.csv)."""
     with open(output_dir / "metrics.csv", newline="") as file:
@@ -276,14 +290,10 @@ def test_colocated_video_training_samples_from_the_training_prompt(family, vllm_
     images only), vLLM expands it to exactly the prompt ids the policy trains on (8 frames: 4 token grids, and
     Qwen3-VL's timestamps), the guard finds vLLM following the policy, and ``suzak.eval moving_ball --engine vllm``
     evaluates the run's model on held-out clips at the same video budget."""
-    output_dir, record = tmp_path / family, tmp_path / "record.json"
-    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config", "recipes/video_smoke.yaml",
-            "--use_vllm", "true", "--model_name_or_path", f"tiny:{family}", "--max_steps", "3", "--output_dir",
-            str(output_dir)], vllm_env)  # fmt: skip
-    seen = json.loads(record.read_text())
-    assert len(seen["vllm_prompt_ids"]) == 3 * 8 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
-    checks = _checks(output_dir)
-    assert list(checks) == [1] and checks[1] < 1e-5, checks  # ~2e-7 (2e-4 at transformers 5.17's positions)
+    output_dir = tmp_path / family
+    # the guard's gap: ~2e-7 (2e-4 at transformers 5.17's positions)
+    _ran_as_trained(vllm_env, output_dir, 8, "--config", "recipes/video_smoke.yaml", "--model_name_or_path",
+                    f"tiny:{family}")  # fmt: skip
     result = tmp_path / "eval.json"
     run_ok([sys.executable, "-m", "suzak.eval", "moving_ball", "--engine", "vllm", "--model_path", str(output_dir),
             "--num_rows", "8", "--video_fps", "4", "--video_max_frames", "8", "--video_max_pixels", "4096",
@@ -301,19 +311,14 @@ def test_colocated_training_on_a_jsonl_mixing_image_and_video_questions(vllm_env
 
     from test_video import write_mixed_jsonl
 
-    data, output_dir, record = write_mixed_jsonl(tmp_path, rows=8), tmp_path / "out", tmp_path / "record.json"
-    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config", "recipes/video_smoke.yaml",
-            "--use_vllm", "true", "--dataset_name", str(data), "--dataset_options", "{}", "--eval_rows", "4",
-            "--max_steps", "3", "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
-    seen = json.loads(record.read_text())
-    assert len(seen["vllm_prompt_ids"]) == 3 * 8 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    data, output_dir = write_mixed_jsonl(tmp_path, rows=8), tmp_path / "out"
+    seen = _ran_as_trained(vllm_env, output_dir, 8, "--config", "recipes/video_smoke.yaml", "--dataset_name", str(data),
+                           "--dataset_options", "{}", "--eval_rows", "4")  # fmt: skip
     token = AutoTokenizer.from_pretrained(output_dir).convert_tokens_to_ids
     kinds = [{"image" for ids in seen["training_prompt_ids"][step : step + 8] if token("<|image_pad|>") in ids}
              | {"video" for ids in seen["training_prompt_ids"][step : step + 8] if token("<|video_pad|>") in ids}
              for step in range(0, 24, 8)]  # fmt: skip
     assert {"image", "video"} in kinds, kinds  # a generation batch holding both
-    checks = _checks(output_dir)
-    assert list(checks) == [1] and checks[1] < 1e-5, checks
     answers = {}  # the trained model on the same file through `suzak.eval jsonl`, with each engine
     for engine in ("hf", "vllm"):
         output = tmp_path / f"{engine}.json"
@@ -400,14 +405,8 @@ def test_grounding_trains_with_colocated_vllm_and_both_engines_answer_alike(vllm
     budget reach vLLM as the training prompt ids, the guard finds vLLM following the policy, the box rewards are
     logged; then ``suzak.eval grounding_shapes`` answers held-out scenes alike on both engines, scored in the same
     frame."""
-    output_dir, record = tmp_path / "run", tmp_path / "record.json"
-    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config",
-            "recipes/grounding_smoke.yaml", "--use_vllm", "true", "--max_steps", "3", "--eval_rows", "0",
-            "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
-    seen = json.loads(record.read_text())
-    assert len(seen["vllm_prompt_ids"]) == 3 * 8 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
-    checks = _checks(output_dir)
-    assert list(checks) == [1] and checks[1] < 1e-5, checks
+    output_dir = tmp_path / "run"
+    _ran_as_trained(vllm_env, output_dir, 8, "--config", "recipes/grounding_smoke.yaml", "--eval_rows", "0")
     assert all("rewards/iou/mean" in row and "iou/unparsed_frac" in row for row in _metrics(output_dir))
     reports = {}
     for engine in ("hf", "vllm"):
@@ -431,18 +430,11 @@ def test_a_mixtures_own_pixel_budgets_reach_vllm_as_training_fits_them(vllm_env,
     vLLM following the policy."""
     from suzak.media.vision import vision_token_ids
 
-    output_dir, record = tmp_path / "run", tmp_path / "record.json"
-    run_ok([sys.executable, "tests/vllm_probe.py", "--record", str(record), "--", "--config",
-            "recipes/mixture_smoke.yaml", "--use_vllm", "true", "--max_steps", "3", "--eval_rows", "0",
-            "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
-    seen = json.loads(record.read_text())
-    assert len(seen["vllm_prompt_ids"]) == 3 * 16 and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
+    seen = _ran_as_trained(vllm_env, tmp_path / "run", 16, "--config", "recipes/mixture_smoke.yaml", "--eval_rows", "0")
     pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert pad in vision_token_ids(tiny_processor)
     tokens = {ids.count(pad) for ids in seen["training_prompt_ids"]}
     assert max(tokens) > 64, tokens  # a scene past the recipe's 64 tokens, at its source's own budget
-    checks = _checks(output_dir)
-    assert list(checks) == [1] and checks[1] < 1e-5, checks
 
 
 # --- TRL's vLLM importance-sampling modes with images ---------------------------------------------------------------
