@@ -296,3 +296,38 @@ def test_a_source_its_builder_or_rewards_cannot_serve_stops_before_the_weights_l
     message = str(stop.value.code)
     assert message.startswith("error: ") and "\n" not in message and said in message, message
     assert "loaded " not in capsys.readouterr().err
+
+
+def test_text_rows_share_a_mixture_and_its_batches_with_image_rows(tiny_model_dir, tmp_path):
+    """GSM8K-style text rows beside colour squares on a VL model: the text source's messages become one text part
+    each (rendered as before by Qwen's template), every step's batch holds rows of both, each scored by its own
+    rewards."""
+    import csv
+
+    import datasets as hf
+
+    from suzak.data import build_dataset
+    from suzak.train import main
+
+    colour = build_dataset("color_squares", num_rows=4, seed=0, template="plain")
+    math = build_dataset("gsm8k_synthetic", num_rows=4, seed=0, template="gsm8k")
+    assert math.features["prompt"].feature["content"] == hf.Value("string")
+    sources = parse_sources([{"name": "colour", "dataset": "c", "rewards": ["word_match"]},
+                             {"name": "math", "dataset": "m", "rewards": ["gsm8k_accuracy"]}])  # fmt: skip
+    mixed = combine([colour, math], sources, seed=0)
+    texts = sorted(row["prompt"][-1]["content"][0]["text"] for row in mixed if row["source"] == "math")
+    assert all(len(row["prompt"][-1]["content"]) == 1 for row in mixed if row["source"] == "math")
+    assert texts == sorted(row["prompt"][-1]["content"] for row in math)
+    entries = [{"name": "colour", "dataset": "color_squares", "options": {"num_rows": 48, "seed": 0},
+                "prompt_template": "plain", "rewards": ["word_match"]},
+               {"name": "math", "dataset": "gsm8k_synthetic", "options": {"num_rows": 48, "seed": 0},
+                "prompt_template": "gsm8k", "rewards": ["gsm8k_accuracy", "gsm8k_format"]}]  # fmt: skip
+    out = tmp_path / "run"
+    main(["--config", "recipes/mixture_smoke.yaml", "--model_name_or_path", str(tiny_model_dir), "--datasets",
+          json.dumps(entries), "--max_steps", "3", "--eval_rows", "4", "--eval_steps", "3", "--output_dir", str(out)])  # fmt: skip
+    with open(out / "completions.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    by_step = Counter((row["step"], row["source"]) for row in rows)
+    assert all(by_step[(step, source)] > 0 for step in ("1", "2", "3") for source in ("colour", "math")), by_step
+    assert all(row["reward/math/gsm8k_accuracy"] == "" for row in rows if row["source"] == "colour")
+    assert all(row["reward/colour/word_match"] == "" for row in rows if row["source"] == "math")

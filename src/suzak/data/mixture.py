@@ -210,6 +210,28 @@ def _with_columns(dataset, features: dict):
     return dataset.select_columns(list(features))
 
 
+def _prompts_as_parts(datasets: Sequence) -> list:
+    """The datasets with a text source's messages (``content`` a string) as one text part each, when another source's
+    messages hold parts (an image source's): one ``prompt`` type for the mixture, rendered alike by Qwen's chat
+    templates (a content list's text parts are its text)."""
+    import datasets as hf
+
+    def string_content(dataset) -> bool:
+        feature = dataset.features.get("prompt")
+        inner = getattr(feature, "feature", None)
+        return isinstance(inner, dict) and inner.get("content") == hf.Value("string")
+
+    kinds = [string_content(dataset) for dataset in datasets]
+    if not any(kinds) or all(kinds):
+        return list(datasets)
+
+    def as_parts(row):
+        return {"prompt": [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in row["prompt"]]}
+
+    return [dataset.map(as_parts, desc="prompt as parts") if text else dataset
+            for dataset, text in zip(datasets, kinds, strict=True)]  # fmt: skip
+
+
 def combine(datasets: Sequence, sources: Sequence[Source], *, seed: int, total: int | None = None):
     """One pass of the mixture as one dataset: each source's rows (``datasets``, in ``sources``' order) with
     ``source`` naming it, a column one source lacks filled with None, in :func:`mixture_order`'s order
@@ -229,6 +251,7 @@ def combine(datasets: Sequence, sources: Sequence[Source], *, seed: int, total: 
 
     from suzak.scoring.rewards import SOURCE_COLUMN as column
 
+    datasets = _prompts_as_parts(datasets)
     features: dict = {}
     for dataset, source in zip(datasets, sources, strict=True):
         if column in dataset.column_names:
