@@ -437,6 +437,22 @@ def test_a_mixtures_own_pixel_budgets_reach_vllm_as_training_fits_them(vllm_env,
     assert max(tokens) > 64, tokens  # a scene past the recipe's 64 tokens, at its source's own budget
 
 
+def test_text_rows_beside_image_rows_reach_vllm_as_training_renders_them(vllm_env, tmp_path, tiny_processor):
+    """A mixture of colour squares and GSM8K-style text rows with ``--use_vllm true``: the generation batches hold
+    both kinds (TRL's None for a row without images), vLLM runs exactly the prompt ids the policy trains on (the text
+    source's contents turned into text parts render as its strings did), and the guard finds vLLM following the
+    policy."""
+    entries = [{"name": "colour", "dataset": "color_squares", "options": {"num_rows": 48, "seed": 0},
+                "prompt_template": "plain", "rewards": ["word_match"]},
+               {"name": "math", "dataset": "gsm8k_synthetic", "options": {"num_rows": 48, "seed": 0},
+                "prompt_template": "gsm8k", "rewards": ["gsm8k_accuracy", "gsm8k_format"]}]  # fmt: skip
+    seen = _ran_as_trained(vllm_env, tmp_path / "run", 16, "--config", "recipes/mixture_smoke.yaml", "--datasets",
+                           json.dumps(entries), "--eval_rows", "0")  # fmt: skip
+    pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    steps = [seen["training_prompt_ids"][step : step + 16] for step in range(0, 48, 16)]
+    assert any({pad in ids for ids in step} == {True, False} for step in steps)  # one batch holding both kinds
+
+
 # --- TRL's vLLM importance-sampling modes with images ---------------------------------------------------------------
 
 
