@@ -35,7 +35,8 @@ THRESHOLD = 0.75  # rec_accuracy's IoU threshold (the module's docstring)
 # 0.25-0.56 at 120-200 steps); 32 prompts a step, lr 2e-3 and beta 0.6 pass by ~110 (docs/selftest.md).
 SPEC = register("grounding", __name__, TaskSpec(120, 1e-3, (1, 1), 40, 0.25, 0.5, (0.0, 0.4), prior_steps=200, prior_lr=3e-3, image_scale=4, beta=0.3,
                 vllm_shape=True, heldout_pass_at=0.5, heldout_control_below=0.4,
-                families={"qwen3_vl": {"group": (32, 8), "learning_rate": 2e-3, "beta": 0.6}}))  # fmt: skip
+                families={"qwen3_vl": {"group": (32, 8), "learning_rate": 2e-3, "beta": 0.6,
+                                      "tiny": {"vision_hidden_size": 128, "vision_intermediate_size": 256}}}))  # fmt: skip
 
 
 def grounding_dataset(num_rows: int, seed: int, images: str = "aligned", size: int | None = None, start: int = 0):
