@@ -36,6 +36,7 @@ THRESHOLD = 0.75  # rec_accuracy's IoU threshold (the module's docstring)
 SPEC = register("grounding", __name__, TaskSpec(120, 1e-3, (1, 1), 40, 0.25, 0.5, (0.0, 0.4), prior_steps=200, prior_lr=3e-3, image_scale=4, beta=0.3,
                 vllm_shape=True, heldout_pass_at=0.5, heldout_control_below=0.4,
                 families={"qwen3_vl": {"group": (32, 8), "learning_rate": 2e-3, "beta": 0.6,
+                                      "prior_schedule": "cosine",
                                       "tiny": {"vision_hidden_size": 128, "vision_intermediate_size": 256}}}))  # fmt: skip
 
 
