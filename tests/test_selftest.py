@@ -99,8 +99,9 @@ def test_config_takes_task_defaults():
     # the relative box frame's grounding, measured otherwise (docs/selftest.md): a family's fields over the task's
     relative = SelfTestConfig(task="grounding", family="qwen3_vl")
     assert (relative.prompts_per_step, relative.learning_rate, relative.spec.beta) == (32, 2e-3, 0.6)
+    assert relative.spec.tiny == {"vision_hidden_size": 128, "vision_intermediate_size": 256}  # a wider vision tower
     pixels = SelfTestConfig(task="grounding", family="qwen2_5_vl")
-    assert (pixels.prompts_per_step, pixels.learning_rate, pixels.spec.beta) == (16, 1e-3, 0.3)
+    assert (pixels.prompts_per_step, pixels.learning_rate, pixels.spec.beta, pixels.spec.tiny) == (16, 1e-3, 0.3, {})
     assert SelfTestConfig(task="grounding", family="qwen3_vl", prompts_per_step=4).prompts_per_step == 4
     with pytest.raises(ValueError, match="unknown model family 'qwen4_vl'; known: qwen2_vl, qwen2_5_vl, qwen3_vl"):
         SelfTestConfig(family="qwen4_vl")

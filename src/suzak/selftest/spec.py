@@ -65,8 +65,8 @@ class TaskSpec:
 
         >>> from suzak.selftest import TASKS
         >>> spec = TASKS["grounding"].for_family("qwen3_vl")
-        >>> spec.group, spec.learning_rate, spec.beta, spec.families
-        ((32, 8), 0.002, 0.6, {})
+        >>> spec.group, spec.learning_rate, spec.beta, spec.tiny["vision_hidden_size"], spec.families
+        ((32, 8), 0.002, 0.6, 128, {})
         >>> TASKS["grounding"].for_family("qwen2_5_vl").group
         (16, 8)
         """
