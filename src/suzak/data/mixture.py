@@ -225,8 +225,10 @@ def _prompts_as_parts(datasets: Sequence) -> list:
     if not any(kinds) or all(kinds):
         return list(datasets)
 
+    from suzak.media.vision import content_as_parts
+
     def as_parts(row):
-        return {"prompt": [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in row["prompt"]]}
+        return {"prompt": content_as_parts(row["prompt"])}
 
     return [dataset.map(as_parts, desc="prompt as parts") if text else dataset
             for dataset, text in zip(datasets, kinds, strict=True)]  # fmt: skip

@@ -34,7 +34,15 @@ from PIL import Image, UnidentifiedImageError
 from qwen_vl_utils.vision_process import FRAME_FACTOR, smart_nframes
 
 from suzak import SuzakError
-from suzak.media.vision import DEFAULT_MIN_PIXELS, PixelBudget, fit_image, processor_name, smart_resize, vision_family
+from suzak.media.vision import (
+    DEFAULT_MIN_PIXELS,
+    PixelBudget,
+    content_as_parts,
+    fit_image,
+    processor_name,
+    smart_resize,
+    vision_family,
+)
 
 __all__ = [
     "Clip",
@@ -203,9 +211,7 @@ def with_video(row: Mapping[str, Any], video: Any) -> dict:
     prompt = [dict(m) if isinstance(m, dict) else m for m in row.get("prompt") or []]
     if not prompt or not all(isinstance(m, dict) for m in prompt):
         raise SuzakError("a video row needs a conversational prompt (a list of chat messages) to place its video in")
-    for message in prompt:
-        if isinstance(message.get("content"), str):
-            message["content"] = [{"type": "text", "text": message["content"]}]
+    prompt = content_as_parts(prompt)
     if not _video_parts(prompt):
         first = next((m for m in prompt if m.get("role") == "user"), prompt[0])
         first["content"] = [{"type": "video"}, *(first.get("content") or [])]

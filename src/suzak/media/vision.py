@@ -38,6 +38,7 @@ from qwen_vl_utils import smart_resize as _qwen_smart_resize
 from suzak import SuzakError
 
 __all__ = [
+    "content_as_parts",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
     "FAMILIES",
@@ -556,6 +557,17 @@ def map_row_images(row: Mapping[str, Any], fn: Callable[[Image.Image], Image.Ima
     if isinstance(row.get("prompt"), list):
         row["prompt"] = [_map_message_images(message, fn) for message in row["prompt"]]
     return row
+
+
+def content_as_parts(prompt: list) -> list:
+    """Chat messages with a string ``content`` as one text part each (Qwen's chat templates render both alike), the
+    form a message holding an image or video part has; other messages as they are.
+
+    >>> content_as_parts([{"role": "user", "content": "How many?"}, {"role": "user", "content": [{"type": "image"}]}])
+    [{'role': 'user', 'content': [{'type': 'text', 'text': 'How many?'}]}, {'role': 'user', 'content': [{'type': 'image'}]}]
+    """
+    return [{**m, "content": [{"type": "text", "text": m["content"]}]}
+            if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in prompt]  # fmt: skip
 
 
 def _map_message_images(message: Any, fn: Callable[[Image.Image], Image.Image]) -> Any:
