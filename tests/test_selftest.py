@@ -404,8 +404,8 @@ def test_zoom_selftest_learns_to_look_where_the_no_tool_control_cannot(tmp_path)
     through the evaluation's tool loop) far above the third a guess gets; the same images without the tool stay at a
     third, and the held-out accuracy passes the best the control reached (settings and curves: docs/tools.md)."""
     report, _ = run_selftest_command(tmp_path / "zoom.json", ["--task", "zoom", "--seed", "0"],
-                                     timeout=1800)  # fmt: skip
-    assert_passes(report, "zoom")  # the command's bars (0.767 and 0.952 over the last 10 steps on seeds 0 and 1 here)
+                                     timeout=3600)  # fmt: skip
+    assert_passes(report, "zoom")  # the command's bars (250 steps: 0.975 and 0.983 on seeds 0 and 1, AVX-512 host)
     assert report["aligned_accuracy"] >= 0.6 and 0.2 <= report["control_accuracy"] <= 0.47
     best_control = max([*report["detail"]["windows"]["no_tool"], report["detail"]["heldout"]["no_tool"]])
     assert report["heldout_accuracy"] >= 0.6 and report["heldout_accuracy"] > best_control
