@@ -26,7 +26,7 @@ def _schedules() -> str:
     """The tasks' default steps, and what is measured otherwise for a family, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 60, counting 140, grounding 120, video 60, mixture 100, zoom 250; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6, prior_schedule cosine, tiny (vision_hidden_size 128, vision_intermediate_size 256); video on qwen3_vl: steps 150, learning_rate 1e-3'
+    'color 60, counting 180, grounding 120, video 60, mixture 100, zoom 250; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6, prior_schedule cosine, tiny (vision_hidden_size 128, vision_intermediate_size 256); video on qwen3_vl: steps 150, learning_rate 1e-3'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():

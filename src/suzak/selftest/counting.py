@@ -25,11 +25,13 @@ logger = logging.getLogger(__name__)
 
 OBJECTS = (1, 3)
 
-# Without the answer prior GRPO collapses onto one digit. On the 2x2 cells (one token each) aligned leaves chance at
-# step ~60 and passes 0.9 by ~130 at constant lr 1e-3; the 3x2 grid collapsed after step ~120 at that rate
-# (docs/selftest.md).
-SPEC = register("counting", __name__, TaskSpec(140, 1e-3, (2, 2), 1, 1 / 3, 0.7, (0.2, 0.47), prior_steps=80,
-                                               heldout_pass_at=0.8, heldout_control_below=0.5))  # fmt: skip
+# Without the answer prior GRPO collapses onto one digit. On the 2x2 cells (one token each) at constant lr 1e-3 aligned
+# left chance at step ~60 and passed 0.9 by ~130 on the AVX2 host, but on an AVX-512 host it peaked at 0.90 over steps
+# 111-120 and fell to 0.73 by 140 (the collapse the 3x2 grid showed after ~120 at that rate); a cosine schedule from
+# 2e-3 over 180 steps reaches 0.985 and 0.959 there (seeds 0, 1) and stays (docs/selftest.md).
+SPEC = register("counting", __name__, TaskSpec(180, 2e-3, (2, 2), 1, 1 / 3, 0.7, (0.2, 0.47), prior_steps=80,
+                                               heldout_pass_at=0.8, heldout_control_below=0.5,
+                                               lr_scheduler_type="cosine"))  # fmt: skip
 
 
 def counting_dataset(num_rows: int, seed: int, images: str = "aligned", start: int = 0, cache_dir: str | None = None,
