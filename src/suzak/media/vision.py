@@ -38,7 +38,6 @@ from qwen_vl_utils import smart_resize as _qwen_smart_resize
 from suzak import SuzakError
 
 __all__ = [
-    "content_as_parts",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
     "FAMILIES",
@@ -49,6 +48,7 @@ __all__ = [
     "PixelBudget",
     "collapse_runs",
     "configure_processor",
+    "content_as_parts",
     "family_factors",
     "fit_image",
     "fit_row_images",
