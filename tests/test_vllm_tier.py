@@ -129,6 +129,7 @@ def _checks(output_dir: Path) -> dict[int, float]:
                 if r.get("sampler_check/logp_gap")}  # fmt: skip
 
 
+@pytest.mark.xdist_group("demo_run")  # one worker trains demo_run for these (conftest)
 def test_the_launch_script_learns_with_colocated_vllm(demo_run):
     """Measured: reward 0.007 -> 0.87 over 100 steps (0.985 at 150), held-out 0 -> 1.0 from step 50."""
     result, output_dir = demo_run
@@ -143,6 +144,7 @@ def test_the_launch_script_learns_with_colocated_vllm(demo_run):
     assert (output_dir / "model.safetensors").is_file()
 
 
+@pytest.mark.xdist_group("demo_run")  # one worker trains demo_run for these (conftest)
 def test_the_guard_stays_quiet_on_the_live_sampler(demo_run):
     """The guard checked at steps 1, 11, ..., 91 and found vLLM and the policy in agreement to fp32 rounding."""
     result, output_dir = demo_run
@@ -174,6 +176,7 @@ def frozen_run(vllm_env, tmp_path_factory):
     return result, folder / "run", json.loads(record.read_text())
 
 
+@pytest.mark.xdist_group("frozen_run")  # one worker trains frozen_run for these (conftest)
 def test_the_guard_stops_a_frozen_sampler_in_one_line(frozen_run):
     result, output_dir, _ = frozen_run
     assert result.returncode == 1, result.stderr[-3000:]
@@ -192,6 +195,7 @@ def test_the_guard_stops_a_frozen_sampler_in_one_line(frozen_run):
     assert checks[1] < 1e-4 and gap > 0.1, (checks, gap)  # right after the first sync they agree, then drift apart
 
 
+@pytest.mark.xdist_group("frozen_run")  # one worker trains frozen_run for these (conftest)
 def test_vllm_runs_exactly_the_prompt_training_uses(frozen_run):
     """suzak hands colocated vLLM one ``<|image_pad|>`` per image; vLLM's own expansion (with its processor and the
     budget's image) must give back the prompt ids the policy is trained on, token for token (TRL #6294)."""
@@ -201,6 +205,7 @@ def test_vllm_runs_exactly_the_prompt_training_uses(frozen_run):
     assert ran == training
 
 
+@pytest.mark.xdist_group("frozen_run")  # one worker trains frozen_run for these (conftest)
 def test_vllm_never_samples_a_vision_placeholder(frozen_run, tiny_processor):
     """Under the frozen head vLLM samples from the random initial model, which puts ~0.8% of its mass on the vision
     placeholders: ~30 of the ~4,000 sampled tokens would be one without suzak's logit bias."""
@@ -260,6 +265,7 @@ def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert all(len(run) == 6 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
+@pytest.mark.xdist_group("demo_run")  # one worker trains demo_run for these (conftest)
 def test_eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path):
     """``suzak.eval`` on the demo run's model, HF and vLLM engines, same items (held-out CLEVR scenes at the demo's
     pixel budget), both in fp32 here: the same greedy answers on >= 95% of items and the same report."""
@@ -350,6 +356,7 @@ def text_run(vllm_env, tmp_path_factory):
     return result, output_dir
 
 
+@pytest.mark.xdist_group("text_run")  # one worker trains text_run for these (conftest)
 def test_text_model_trains_with_colocated_vllm_and_the_guard_stays_quiet(text_run):
     """A text model's processing class is its tokenizer: generation, the training forward and the guard's own
     forward take no image or video path (each of them crashed at step 1 before: ``processing_class.tokenizer``)."""
@@ -380,6 +387,7 @@ def test_the_guard_stops_a_frozen_sampler_of_a_text_model(vllm_env, tmp_path):
     assert len(seen["vllm_prompt_ids"]) >= 8 * step and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
 
 
+@pytest.mark.xdist_group("text_run")  # one worker trains text_run for these (conftest)
 def test_eval_engines_agree_on_a_text_checkpoint(text_run, vllm_env, tmp_path):
     """``suzak.eval gsm8k`` on the text run's model with each engine (a causal LM and its tokenizer, no image
     inputs): the same greedy answers, token for token, scored alike. The tiny random model's greedy answers repeat one
@@ -508,6 +516,7 @@ def vllm_zoom_prior(tmp_path_factory):
     return zoom_prior_model(tmp_path_factory.mktemp("zoom-prior"), for_vllm=True)
 
 
+@pytest.mark.xdist_group("vllm_zoom_prior")  # one worker trains vllm_zoom_prior for these (conftest)
 def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_zoom_prior, vllm_env, tmp_path):
     """tests/zoom_rollouts.py with colocated vLLM: every rollout calls the zoom, the crop goes back to vLLM in the next
     turn's prompt (one placeholder per image handed over: the ids TRL's tool loop builds are expanded by the processor),
@@ -522,6 +531,7 @@ def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_zoom_prior, vllm_env, tm
     assert max(gap[1] for gap in record["gaps"]) < 1e-5 and max(gap[2] for gap in record["gaps"]) < 1e-3, record["gaps"]
 
 
+@pytest.mark.xdist_group("vllm_zoom_prior")  # one worker trains vllm_zoom_prior for these (conftest)
 def test_eval_with_zoom_gives_the_same_calls_and_answers_on_both_engines(vllm_zoom_prior, vllm_env, tmp_path):
     """``suzak.eval jsonl --tools zoom`` at temperature 0 on the tiny model taught the call: vLLM (each round's crops
     handed over one placeholder per image) and HF make the same calls, see the same crops and write the same turns."""
