@@ -16,7 +16,7 @@ from suzak.selftest.config import SelfTestConfig
 from suzak.selftest.report import condition_of, heldout_needs, margins, needs, quiet_progress, verdicts, windows
 from suzak.selftest.spec import NO_TOOL
 
-__all__ = ["PORTS_FROM", "run_selftest", "unsuppressed_tokens"]
+__all__ = ["CONDITION_IMPORTS", "PORTS_FROM", "conditions_context", "run_selftest", "unsuppressed_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -188,18 +188,41 @@ def train_conditions(config: SelfTestConfig, model_dir: Path, conditions: tuple[
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     together = config.device == "cpu" and len(conditions) > 1 and cores > 1
     threads = max(1, cores // len(conditions)) if together else torch.get_num_threads()
+    context = conditions_context(config) if together else None  # its imports start beside the shared prior
     prior = priors.shared_prior(config, model_dir, conditions, tmp / "prior", threads)
     if not together:
         return {images: train_in_process(config, model_dir, images, tmp / images, prior) for images in conditions}
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ports = free_ports(len(conditions)) if config.vllm else [None] * len(conditions)
-    with ProcessPoolExecutor(len(conditions), mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1,
+    with ProcessPoolExecutor(len(conditions), mp_context=context, max_tasks_per_child=1,
                              initializer=torch.set_num_threads, initargs=(threads,)) as pool:  # fmt: skip
         runs = {images: pool.submit(train_on_port, port, config, model_dir, images, tmp / images, prior)
                 for images, port in zip(conditions, ports, strict=True)}  # fmt: skip
         return {images: run.result() for images, run in runs.items()}
+
+
+# what a condition's process imports before it trains (TRL, transformers, torch and suzak's trainer: ~9 s of one core)
+CONDITION_IMPORTS = ["suzak.selftest.runner", "suzak.training.trainer", "trl", "datasets"]
+
+
+def conditions_context(config: SelfTestConfig):
+    """The start method of the conditions' processes. With HF generation, ``forkserver``: one fresh process imports
+    :data:`CONDITION_IMPORTS` once (started here, so it imports while this process builds the shared prior) and each
+    condition's process is forked from it with those modules loaded and no torch thread pool started: on 2 cores the
+    imports of two spawned processes took ~18 s of CPU per self-test, a quarter of the colour self-test's. With vLLM,
+    ``spawn`` (vLLM's CPU build starts its own processes by spawn and wants a process of its own). The processes are
+    fresh either way: no state of this one (its prior's threads, a test's patches) reaches a condition."""
+    import multiprocessing
+
+    if config.vllm:
+        return multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(CONDITION_IMPORTS)
+    forkserver.ensure_running()
+    return context
 
 
 def unsuppressed_tokens(trainer, engine) -> list[str]:
