@@ -41,7 +41,6 @@ from suzak.media.boxes import with_box_frame
 from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ZOOM_PROBLEMS, ToolSet, with_original_image
 from suzak.scoring.parsing import completion_text, message_text
-from suzak.trl_internals import environment_tools, parse_turn, tool_message
 
 __all__ = ["FAILURES", "ToolLoop", "ToolRollout", "crops_per_prompt", "tool_counts"]
 
@@ -120,6 +119,8 @@ class ToolLoop:
             raise SuzakError("--tools: a tool conversation needs chat-format prompts (this task's are plain text)")
         environment, tools = None, list(self.toolset.tools)
         if self.toolset.environment_factory is not None:
+            from suzak.trl_internals import environment_tools  # TRL's trainer stack: only where tools run
+
             environment = self.toolset.environment_factory()
             environment.reset(**with_original_image(with_box_frame(row, self.engine.model_type, self.engine.budget)))
             tools += environment_tools(environment)
@@ -148,6 +149,8 @@ class ToolLoop:
 
     def roll(self, rollouts: list[ToolRollout], temperature: float, seed: int | None) -> None:
         """Generate, call, generate again until every rollout has ended (see the module docstring)."""
+        from suzak.trl_internals import parse_turn  # TRL's trainer stack (~3 s of imports): not for a tool-less eval
+
         active, rounds = list(rollouts), 0
         while active:
             rows = [rollout.conversation() for rollout in active]
@@ -188,6 +191,8 @@ class ToolLoop:
     def call(self, rollout: ToolRollout, call: dict) -> dict:
         """One call's tool turn: the tool's answer, or TRL's error text (counted by the zoom's reason, else
         ``error``)."""
+        from suzak.trl_internals import tool_message
+
         rollout.calls += 1
         function = call.get("function") or {}
         name = function.get("name", call.get("name", "unknown"))

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from suzak import SuzakError
-from suzak.trl_internals import tool_call_parser
 
 __all__ = ["CALL_FORMS", "TOOL_TEMPLATES", "prepare_tool_calling", "tool_template"]
 
@@ -52,6 +51,8 @@ def prepare_tool_calling(processing_class: Any, model_type: str | None) -> None:
     suzak has no form for is one line.
     """
     from trl.chat_template_utils import supports_tool_calling
+
+    from suzak.trl_internals import tool_call_parser  # TRL's trainer stack (~3 s of imports): only where tools run
 
     if model_type not in CALL_FORMS:
         raise SuzakError(f"tools: suzak knows the tool-call format of {', '.join(CALL_FORMS)}, not {model_type!r}")

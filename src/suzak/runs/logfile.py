@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-
-from transformers import TrainerCallback
+from typing import TYPE_CHECKING
 
 from suzak.runs.redaction import redact, redact_argv
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
 
 __all__ = ["LOG_FILE", "TrainLog"]
 
@@ -73,6 +75,8 @@ class TrainLog:
     def callback(self, raw: bool = False) -> TrainerCallback:
         """A callback that writes each logged step (rank 0's) as one line: the console's readable line
         (:func:`suzak.runs.progress.step_line`), or with ``raw`` the Trainer's metrics dict."""
+        from transformers import TrainerCallback  # the Trainer's stack (~4 s of imports): not for `suzak watch`
+
         from suzak.runs.steps import StepClock, step_line
 
         file_only, clock = self.file_only, StepClock()
