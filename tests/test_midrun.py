@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from suzak import SuzakError
 from suzak.runs.checkpoints import MARKER, checkpoint_problem, latest_checkpoint
 from suzak.runs.streams import add_run_callbacks
+from suzak.scoring.parsing import completion_text
 from suzak.training.session import check_trained
 from suzak.training.trainer import ROW_COLUMN, number_rows
 from suzak.trl_internals import RewardFault, RewardGuard
@@ -312,3 +313,48 @@ def test_a_reward_raising_on_one_rank_stops_every_rank_after_one_checkpoint(tiny
     )
     assert f"only rank 1 fails. {out / 'checkpoint-1'} holds the 1 completed step(s)" in errors[0]
     assert checkpoint_problem(out / "checkpoint-1") is None
+
+
+# --- the held-out evaluation calls rewards as training does -------------------------------------------------------
+
+
+def sees_its_image(prompts, completions, image, trainer_state, **kwargs):
+    """A user's reward that looks at the row's picture (as a judge does): 1.0 where the completion names the colour
+    of the image's first pixel (image_dataset's red channel is 10 x the row's key)."""
+    assert trainer_state is not None and all(isinstance(c, list) for c in completions), completions
+    keys = [str(img.getpixel((0, 0))[0] // 10) for img in image]
+    return [float(key in completion_text(c)) for key, c in zip(keys, completions, strict=True)]
+
+
+def test_the_held_out_eval_hands_rewards_what_training_does_images_included(tiny_model_dir, tmp_path):
+    """Tried as a user: a reward reading ``image`` worked in training and ended the run in a traceback at the step-0
+    held-out eval, which called it without the rows' images. Now the eval passes every column, ``trainer_state``
+    and a conversation's completions as messages, as TRL's ``_calculate_rewards`` does."""
+    from suzak.runs.generation_eval import GenerationEvalCallback
+    from suzak.training.build import add_first
+
+    rows = list(image_dataset(4))
+    trainer = make_trainer(tiny_model_dir, tmp_path, image_dataset(8), [sees_its_image, length_reward], max_steps=1)
+    callback = GenerationEvalCallback(rows, sees_its_image, trainer.processing_class, eval_steps=1, max_new_tokens=4)
+    add_first(trainer, callback)
+    trainer.train()
+    history = [entry for entry in trainer.state.log_history if "eval/accuracy" in entry]
+    assert [entry["step"] for entry in history] == [0, 1] and all(0 <= e["eval/accuracy"] <= 1 for e in history)
+
+
+def test_a_reward_failing_in_the_held_out_eval_stops_in_one_line_naming_it(tiny_model_dir, tmp_path):
+    from suzak.runs.generation_eval import GenerationEvalCallback
+    from suzak.training.build import add_first
+
+    def needs_gold(completions, solution, **kwargs):
+        return [float(int(s)) for s in solution]  # the held-out rows' gold is "<answer> k </answer>"
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, keyed_dataset(), [length_reward], max_steps=1)
+    add_first(trainer, GenerationEvalCallback(list(keyed_dataset())[:2], needs_gold, trainer.processing_class,
+                                              eval_steps=1, max_new_tokens=4))  # fmt: skip
+    with pytest.raises(RewardFault) as stopped:
+        trainer.train()
+    assert str(stopped.value).startswith(
+        "reward 'needs_gold' raised ValueError at the held-out evaluation before step 1 (dataset rows: index 100, "
+        "index 101): invalid literal for int() with base 10: '<answer> 0 </answer>'. No step had completed"
+    ), str(stopped.value)

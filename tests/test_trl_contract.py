@@ -113,6 +113,12 @@ def test_reward_call_kwargs_match_calculate_rewards():
     assert set(REWARD_CALL_KWARGS) == trl_set | {"prompts", "completions", "completion_ids"}
 
 
+def test_reward_name_is_the_name_trl_logs_a_reward_under():
+    """The pre-flight's and the held-out eval's messages name a reward as TRL's ``reward_func_names`` do."""
+    source = inspect.getsource(GRPOTrainer.__init__)
+    assert "self.reward_func_names.append(get_callable_name(reward_funcs[i]))" in source
+
+
 def test_hf_generation_reads_generation_config_and_kwargs():
     """suzak extends TRL's ``suppress_tokens`` in both objects TRL hands HF generate."""
     source = inspect.getsource(GRPOTrainer.__init__)

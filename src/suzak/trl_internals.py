@@ -80,6 +80,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer, SFTTrainer
 from trl.trainer.utils import (
+    get_callable_name,
     is_async_callable,
     nanstd,
     split_pixel_values_by_grid,
@@ -115,6 +116,7 @@ __all__ = [
     "merge_scored_rows",
     "parse_turn",
     "reward_call_kwargs",
+    "reward_name",
     "sampling_logps",
     "score_labelled_positions_only",
     "tool_call_parser",
@@ -145,6 +147,12 @@ def reward_call_kwargs(rows: list[dict], completions: list, log: Callable[..., N
     return {"prompts": [row["prompt"] for row in rows], "completions": completions,
             "completion_ids": [[] for _ in rows], "trainer_state": None, "log_extra": log, "log_metric": log,
             **columns}  # fmt: skip
+
+
+def reward_name(func: Callable) -> str:
+    """A reward function's name as TRL logs it (``rewards/<name>/mean``; ``trl.trainer.utils.get_callable_name``:
+    a ``functools.partial`` by its function's, a callable object by its class's)."""
+    return get_callable_name(func)
 
 
 class RewardFault(SuzakError):

@@ -16,7 +16,9 @@ Teacher-forced argmax "accuracy" overstates what a model does when it has to gen
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 CSV_NAME = "eval_samples.csv"
 CSV_COLUMNS = ["step", "index", "prompt", "output", "gold", "correct"]
+
+
+def _not_logged(*args, **kwargs) -> None:
+    """``log_metric`` / ``log_extra`` for a reward scoring the held-out rows: the eval logs its own figures."""
 
 
 class GenerationEvalCallback(TrainerCallback):
@@ -87,7 +93,7 @@ class GenerationEvalCallback(TrainerCallback):
 
     # --- evaluation ----------------------------------------------------------------------------------------------
 
-    def evaluate(self, model, step: int) -> tuple[float, list[list]]:
+    def evaluate(self, model, step: int, state=None) -> tuple[float, list[list]]:
         """(accuracy, CSV rows) of greedy answers on the held-out rows with ``model`` as it is now."""
         from suzak.eval.engine import HFEngine
 
@@ -115,7 +121,7 @@ class GenerationEvalCallback(TrainerCallback):
                 self.figures["eval/tool_calls"] = sum(record["tool_calls"] for record in records) / len(records)
         finally:
             model.train(was_training)
-        scores = self._scores(rows, outputs)
+        scores = self._scores(rows, outputs, state)
         table = [
             [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
             for i, (row, output, score) in enumerate(zip(rows, outputs, scores, strict=True))
@@ -128,21 +134,38 @@ class GenerationEvalCallback(TrainerCallback):
                     self.figures[f"eval/{source}/accuracy"] = sum(mine) / len(mine)
         return accuracy, table
 
-    def _scores(self, rows: list[dict], outputs: list[str]) -> list:
-        """Each output's score by the scorer of its row (a mixture: its source's), called as training calls it."""
+    def _scores(self, rows: list[dict], outputs: list[str], state=None) -> list:
+        """Each output's score by the scorer of its row (a mixture: its source's), called as training calls it: every
+        column of the rows (images and clips included: a reward may look at the picture), ``trainer_state``, and a
+        conversation's completion as the assistant message TRL hands over. A reward that raises or returns what
+        training could not use stops the run in one line (:class:`suzak.trl_internals.RewardFault`, as a failed
+        reward does in a training step); its own ``log_metric`` and ``log_extra`` calls are not logged here."""
+        from suzak.runs.streams import row_id
+        from suzak.trl_internals import RewardFault, RewardGuard, reward_call_kwargs, reward_name
+
         groups = {None: list(range(len(rows)))}
         if self.scorers:
             groups = {}
             for i, row in enumerate(rows):
                 groups.setdefault(row.get(SOURCE_COLUMN), []).append(i)
+        names = [
+            f"{found[0]} {found[1]}" if (found := row_id(row)) else f"held-out row {i}" for i, row in enumerate(rows)
+        ]
         scores: list = [None] * len(rows)
+        step = getattr(state, "global_step", 0)
         for source, positions in groups.items():
             scorer = self.scorer if source is None else self.scorers[source]
             part = [rows[i] for i in positions]
-            columns = {
-                k: [row.get(k) for row in part] for k in part[0] if k not in ("prompt", "image", "images", "video")
-            }
-            found = scorer(completions=[outputs[i] for i in positions], prompts=[r["prompt"] for r in part], **columns)
+            completions = [outputs[i] for i in positions]
+            if isinstance(part[0]["prompt"], list):  # a conversation: TRL hands each completion as its message
+                completions = [[{"role": "assistant", "content": text}] for text in completions]
+            guard = RewardGuard([names[i] for i in positions])
+            kwargs = reward_call_kwargs(part, completions, _not_logged) | {"trainer_state": state}
+            called = guard.wrap(scorer, reward_name(scorer))(**kwargs)
+            found = asyncio.run(called) if inspect.isawaitable(called) else called
+            if guard.failures:
+                where = f"the held-out evaluation {'before step 1' if step == 0 else f'after step {step}'}"
+                raise RewardFault(guard.failures[0].message(where)) from (guard.errors[0] if guard.errors else None)
             for i, score in zip(positions, found, strict=True):
                 scores[i] = score
         return scores
@@ -185,7 +208,7 @@ class GenerationEvalCallback(TrainerCallback):
         return control
 
     def _evaluate_and_keep(self, args, state, model) -> None:
-        accuracy, table = self.evaluate(model, state.global_step)
+        accuracy, table = self.evaluate(model, state.global_step, state)
         if state.is_world_process_zero:
             self._append_csv(args.output_dir, table)
         logger.info("step %d: %s = %.4f on %d held-out rows", state.global_step, self.name, accuracy, len(table))

@@ -48,7 +48,7 @@ from suzak.media.vision import (
 from suzak.scoring.parsing import gold_answer, gold_boxes
 from suzak.scoring.prompts import after_opening, render_answer, template_opening
 from suzak.scoring.rewards import reads_rollout
-from suzak.trl_internals import reward_call_kwargs
+from suzak.trl_internals import reward_call_kwargs, reward_name
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
 
@@ -93,7 +93,7 @@ def preflight(
             _check_reward(func, rows, ideals, form, answer_format)
     logger.info(
         "reward pre-flight passed: %s give 1.0 to the ideal %r completion of %d rows (plain and conversational)",
-        ", ".join(_name(f) for f in checked) or "(no weighted rewards)",
+        ", ".join(reward_name(f) for f in checked) or "(no weighted rewards)",
         answer_format,
         len(rows),
     )
@@ -127,7 +127,7 @@ def _check_reward(func: Callable, rows: list[dict], ideals: list[str], form: str
     if failed:
         i = failed[0]
         raise SuzakError(
-            f"reward pre-flight failed: reward {_name(func)!r} returned {rewards[i]!r} (expected 1.0) for row {i}"
+            f"reward pre-flight failed: reward {reward_name(func)!r} returned {rewards[i]!r} (expected 1.0) for row {i}"
             f" ({len(failed)} of {len(rows)} rows failed) with {form} completions; gold {rows[i]['solution']!r:.200},"
             f" ideal completion {ideals[i]!r:.300} (answer format {answer_format!r}): the reward and the answer"
             " format / prompt template disagree."
@@ -141,18 +141,18 @@ def _call_reward(func: Callable, rows: list[dict], completions: list, form: str)
         if inspect.isawaitable(rewards):
             rewards = asyncio.run(rewards)
     except Exception as exc:
-        raise SuzakError(f"reward pre-flight: reward {_name(func)!r} raised on {form} completions: {exc}") from exc
+        raise SuzakError(
+            f"reward pre-flight: reward {reward_name(func)!r} raised on {form} completions: {exc}"
+        ) from exc
     if len(rewards) != len(rows):
-        raise SuzakError(f"reward pre-flight: {_name(func)!r} returned {len(rewards)} values for {len(rows)} rows")
+        raise SuzakError(
+            f"reward pre-flight: {reward_name(func)!r} returned {len(rewards)} values for {len(rows)} rows"
+        )
     return rewards
 
 
 def _discard(*args, **kwargs) -> None:
     """Stands in for TRL's ``log_extra``/``log_metric`` during the pre-flight."""
-
-
-def _name(func: Callable) -> str:
-    return getattr(func, "__name__", type(func).__name__)
 
 
 def check_answer_opening(processing_class: Any, answer_format: str, chat_template_kwargs: dict | None = None) -> None:
