@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("suzak", "suzak.media.*", "suzak.scoring", "suzak.scoring.prompts", "suzak.scoring.parsing",
                 "suzak.trl_internals")),
-    ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.scoring.rewards")),
+    ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.scoring.rewards", "suzak.scoring.judge")),
     ("eval", ("suzak.eval.*",)),
     ("runs", ("suzak.runs.*",)),
     ("release", ("suzak.release.*",)),

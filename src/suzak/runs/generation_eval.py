@@ -123,7 +123,7 @@ class GenerationEvalCallback(TrainerCallback):
             model.train(was_training)
         scores = self._scores(rows, outputs, state)
         table = [
-            [step, i, message_text(row["prompt"]), output, row.get("solution"), float(score or 0.0) >= 1.0]
+            [step, i, message_text(row["prompt"]), output, row.get("solution"), self._correct(row, score)]
             for i, (row, output, score) in enumerate(zip(rows, outputs, scores, strict=True))
         ]
         accuracy = sum(r[-1] for r in table) / len(table)
@@ -133,6 +133,14 @@ class GenerationEvalCallback(TrainerCallback):
                 if mine:
                     self.figures[f"eval/{source}/accuracy"] = sum(mine) / len(mine)
         return accuracy, table
+
+    def _correct(self, row: dict, score) -> bool:
+        """A held-out answer is correct when its reward is full marks (1.0); a judge's score is a probability (its
+        P(yes)), correct above one half."""
+        from suzak.scoring.rewards import is_judge
+
+        scorer = self.scorers.get(row.get(SOURCE_COLUMN), self.scorer) if self.scorers else self.scorer
+        return float(score or 0.0) > 0.5 if is_judge(scorer) else float(score or 0.0) >= 1.0
 
     def _scores(self, rows: list[dict], outputs: list[str], state=None) -> list:
         """Each output's score by the scorer of its row (a mixture: its source's), called as training calls it: every

@@ -23,6 +23,7 @@ from typing import Any
 
 from suzak import SuzakError
 from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_iou, coco_map, match_f1
+from suzak.scoring.judge import judge
 from suzak.scoring.parsing import (
     anls_score,
     box_parser,
@@ -64,6 +65,8 @@ __all__ = [
     "gsm8k_accuracy",
     "gsm8k_format",
     "gold_parser",
+    "is_judge",
+    "judge",
     "math_accuracy",
     "ocr_exact",
     "r1v_accuracy",
@@ -116,6 +119,16 @@ def reads_rollout(reward: Callable) -> bool:
     (True, False)
     """
     return bool(getattr(getattr(reward, "func", reward), "reads_rollout", False))
+
+
+def is_judge(reward: Callable) -> bool:
+    """True for a reward a model scores (``judge``, also through recipe kwargs): its score of an ideal answer is a
+    probability, not 1.0, so the pre-flight asks it to prefer the right answer over a wrong one instead.
+
+    >>> is_judge(resolve_reward("judge", {"model": "judge"})), is_judge(word_match)
+    (True, False)
+    """
+    return getattr(reward, "func", reward) is judge
 
 
 def gold_parser(reward: Callable) -> Callable[[str], Any] | None:
@@ -632,7 +645,7 @@ REWARDS: dict[str, Callable] = {
     f.__name__: f
     for f in (clevr_count, think_format, gsm8k_accuracy, gsm8k_format, math_accuracy, r1v_accuracy, word_match,
               anls, ocr_exact, iou, rec_accuracy, dynamic_iou, box_format, box_f1, box_map, click_accuracy,
-              zoom_used)
+              zoom_used, judge)
 }  # fmt: skip
 
 

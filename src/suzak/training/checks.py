@@ -47,7 +47,7 @@ from suzak.media.vision import (
 )
 from suzak.scoring.parsing import gold_answer, gold_boxes
 from suzak.scoring.prompts import after_opening, render_answer, template_opening
-from suzak.scoring.rewards import reads_rollout
+from suzak.scoring.rewards import is_judge, reads_rollout
 from suzak.trl_internals import reward_call_kwargs, reward_name
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
@@ -89,6 +89,9 @@ def preflight(
         raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
     checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0 and not reads_rollout(f)]
     for func in checked:
+        if is_judge(func):
+            _check_judge(func, rows, ideals, answer_format, opening)
+            continue
         for form in ("plain", "conversational"):
             _check_reward(func, rows, ideals, form, answer_format)
     logger.info(
@@ -132,6 +135,33 @@ def _check_reward(func: Callable, rows: list[dict], ideals: list[str], form: str
             f" ideal completion {ideals[i]!r:.300} (answer format {answer_format!r}): the reward and the answer"
             " format / prompt template disagree."
         )
+
+
+def _check_judge(func: Callable, rows: list[dict], ideals: list[str], answer_format: str, opening: str) -> None:
+    """A judge scores an ideal answer with a probability, not 1.0: it must score each row's ideal completion above a
+    wrong one (the next row's different gold answer, else "none") on more than half the rows, and above it on
+    average; otherwise it does not tell right from wrong (a wrong model or URL, a prompt it does not follow) and
+    the run stops before step 1."""
+    golds = [model_answer(row) for row in rows]
+    wrongs = []
+    for i, gold in enumerate(golds):
+        other = next((g for g in golds[i + 1 :] + golds[:i] if g != gold), "none")
+        wrongs.append(after_opening(render_answer(answer_format, other), opening))
+    conversational = [[{"role": "assistant", "content": text}] for text in ideals + wrongs]
+    scores = _call_reward(func, rows + rows, conversational, "conversational")
+    right, wrong = scores[: len(rows)], scores[len(rows) :]
+    prefers = sum(r is not None and w is not None and r > w for r, w in zip(right, wrong, strict=True))
+    mean = [sum(v for v in part if v is not None) / len(part) for part in (right, wrong)]
+    keywords = getattr(func, "keywords", {})
+    where = keywords.get("base_url") or keywords.get("model") or "(no model set)"
+    if prefers * 2 <= len(rows) or mean[0] <= mean[1]:
+        raise SuzakError(
+            f"judge pre-flight: {reward_name(func)!r} at {where} scored the right answer above a wrong one on "
+            f"{prefers} of {len(rows)} rows (mean {mean[0]:.2f} against {mean[1]:.2f}): it does not tell them apart "
+            "(check its base_url and model, and the prompt)"
+        )
+    logger.info("judge pre-flight passed: %s at %s prefers the right answer on %d of %d rows (mean %.2f against %.2f)",
+                reward_name(func), where, prefers, len(rows), mean[0], mean[1])  # fmt: skip
 
 
 def _call_reward(func: Callable, rows: list[dict], completions: list, form: str) -> list:
