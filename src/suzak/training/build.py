@@ -36,6 +36,7 @@ __all__ = [
     "RunInputs",
     "add_first",
     "build_datasets",
+    "check_judge_key",
     "check_zoom_turn",
     "eval_callback",
     "grpo_trainer",
@@ -76,6 +77,8 @@ class RunInputs:
             (source, resolve_rewards(list(source.rewards), source.reward_kwargs), get_template(source.prompt_template))
             for source in suzak_args.mixture() or []
         )
+        for func in [*rewards, *(func for _, funcs, _ in sources for func in funcs)]:
+            check_judge_key(func)
         if sources:  # every source's rewards, each scoring its own source's rows alone
             rewards = [routed(func, source.name) for source, funcs, _ in sources for func in funcs]
         budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels).for_model(config)
@@ -368,6 +371,26 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | N
                    first.where(source), first.column, first.reason, listing)  # fmt: skip
     dropped = {p.index for p in problems}
     return dataset.select([i for i in range(len(dataset)) if i not in dropped])
+
+
+def check_judge_key(func) -> None:
+    """A judge's ``api_key_env`` must be a name suzak treats as secret (``*_KEY``, ``*_TOKEN``, ...): its value is
+    then masked in every log line, record and CSV stream (:mod:`suzak.runs.redaction`), like ``HF_TOKEN``'s.
+
+    >>> from suzak.scoring.rewards import resolve_reward
+    >>> check_judge_key(resolve_reward("judge", {"model": "j", "api_key_env": "JUDGE_API_KEY"}))
+    >>> check_judge_key(resolve_reward("judge", {"model": "j", "api_key_env": "JUDGE"}))
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: judge: api_key_env 'JUDGE' is not a name suzak masks in its logs and records: name the variable *_KEY, *_TOKEN, *_SECRET or *_PASSWORD (e.g. JUDGE_API_KEY)
+    """
+    from suzak.runs.redaction import is_secret_name
+    from suzak.scoring.rewards import is_judge
+
+    name = getattr(func, "keywords", {}).get("api_key_env") if is_judge(func) else None
+    if name and not is_secret_name(name):
+        raise SuzakError(f"judge: api_key_env {name!r} is not a name suzak masks in its logs and records: name the "
+                         "variable *_KEY, *_TOKEN, *_SECRET or *_PASSWORD (e.g. JUDGE_API_KEY)")  # fmt: skip
 
 
 def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class, budget: PixelBudget,
