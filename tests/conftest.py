@@ -74,18 +74,13 @@ def pytest_configure(config) -> None:
 
 
 def _deal_tests_one_by_one(config) -> None:
-    """In the controller of ``-n N``: tests go to whichever worker is free, one at a time (each worker holds the test
-    it runs and the next), not in xdist's default first chunks of a quarter of each worker's share in collection
-    order, which gave the first worker every slow test (they are sorted first, below): in the CI of 83ec219 one worker
-    ran the self-tests back to back while the other sat idle for the last minutes of the main suite, and the vLLM
-    tier's four self-tests all went to one worker.
-
-    Tests sharing an expensive module fixture (a training run several tests read) carry one
-    ``@pytest.mark.xdist_group(name)`` and go to one worker as one unit (xdist's ``loadgroup``, which deals units one
-    at a time as above): dealt one by one, the vLLM tier's frozen-sampler and text runs were trained on both workers
-    (the CI of 6a3d308: 38 s and 26 s twice)."""
-    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "load":
-        config.option.dist = "loadgroup"
+    """In the controller of ``-n N``: tests go to whichever worker is free, one at a time (``--maxschedchunk=1``),
+    not in xdist's default first chunks of a quarter of each worker's share in collection order, which gave the
+    first worker every slow test (they are sorted first, below): in the CI of 83ec219 one worker ran the self-tests
+    back to back while the other sat idle for the last minutes of the main suite, and the vLLM tier's four
+    self-tests all went to one worker."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -130,7 +130,6 @@ def _checks(output_dir: Path) -> dict[int, float]:
                 if r.get("sampler_check/logp_gap")}  # fmt: skip
 
 
-@pytest.mark.xdist_group("demo_run")  # one worker trains demo_run for these (conftest)
 def test_the_launch_script_learns_with_colocated_vllm(demo_run):
     """Measured: reward 0.007 -> 0.87 over 100 steps (0.985 at 150), held-out 0 -> 1.0 from step 50."""
     result, output_dir = demo_run
@@ -145,7 +144,6 @@ def test_the_launch_script_learns_with_colocated_vllm(demo_run):
     assert (output_dir / "model.safetensors").is_file()
 
 
-@pytest.mark.xdist_group("demo_run")  # one worker trains demo_run for these (conftest)
 def test_the_guard_stays_quiet_on_the_live_sampler(demo_run):
     """The guard checked at steps 1, 11, ..., 91 and found vLLM and the policy in agreement to fp32 rounding."""
     result, output_dir = demo_run
@@ -177,8 +175,7 @@ def frozen_run(vllm_env, tmp_path_factory):
     return result, folder / "run", json.loads(record.read_text())
 
 
-@pytest.mark.xdist_group("frozen_run")  # one worker trains frozen_run for these (conftest)
-def test_the_guard_stops_a_frozen_sampler_in_one_line(frozen_run):
+def _the_guard_stops_a_frozen_sampler_in_one_line(frozen_run):
     result, output_dir, _ = frozen_run
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -196,8 +193,7 @@ def test_the_guard_stops_a_frozen_sampler_in_one_line(frozen_run):
     assert checks[1] < 1e-4 and gap > 0.1, (checks, gap)  # right after the first sync they agree, then drift apart
 
 
-@pytest.mark.xdist_group("frozen_run")  # one worker trains frozen_run for these (conftest)
-def test_vllm_runs_exactly_the_prompt_training_uses(frozen_run):
+def _vllm_runs_exactly_the_prompt_training_uses(frozen_run):
     """suzak hands colocated vLLM one ``<|image_pad|>`` per image; vLLM's own expansion (with its processor and the
     budget's image) must give back the prompt ids the policy is trained on, token for token (TRL #6294)."""
     _, _, record = frozen_run
@@ -206,8 +202,7 @@ def test_vllm_runs_exactly_the_prompt_training_uses(frozen_run):
     assert ran == training
 
 
-@pytest.mark.xdist_group("frozen_run")  # one worker trains frozen_run for these (conftest)
-def test_vllm_never_samples_a_vision_placeholder(frozen_run, tiny_processor):
+def _vllm_never_samples_a_vision_placeholder(frozen_run, tiny_processor):
     """Under the frozen head vLLM samples from the random initial model, which puts ~0.8% of its mass on the vision
     placeholders: ~30 of the ~4,000 sampled tokens would be one without suzak's logit bias."""
     from suzak.media.vision import vision_token_ids
@@ -218,6 +213,16 @@ def test_vllm_never_samples_a_vision_placeholder(frozen_run, tiny_processor):
                for bias in record["logit_bias"])  # fmt: skip
     sampled = [token for ids in record["completion_ids"] for token in ids]
     assert len(sampled) >= 21 * 128 and not placeholders & set(sampled)
+
+
+def test_the_frozen_sampler_run_stops_in_one_line_and_shows_what_vllm_ran(frozen_run, tiny_processor):
+    """The checks on one frozen-sampler run (``frozen_run``, ~40 s), in one test so that it runs once: dealt one at a
+    time to two workers, tests sharing a module fixture ran it on both (the CI of 45dfcc3: 40 s twice each); pytest-
+    xdist's ``loadgroup``, which would keep them on one worker, groups nothing under pytest 9.2 (it renames
+    ``item._nodeid``, which pytest 9.2 no longer reads)."""
+    _the_guard_stops_a_frozen_sampler_in_one_line(frozen_run)
+    _vllm_runs_exactly_the_prompt_training_uses(frozen_run)
+    _vllm_never_samples_a_vision_placeholder(frozen_run, tiny_processor)
 
 
 # --- the other families ----------------------------------------------------------------------------------------------
@@ -266,7 +271,6 @@ def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert all(len(run) == 6 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
-@pytest.mark.xdist_group("demo_run")  # one worker trains demo_run for these (conftest)
 def test_eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path):
     """``suzak.eval`` on the demo run's model, HF and vLLM engines, same items (held-out CLEVR scenes at the demo's
     pixel budget), both in fp32 here: the same greedy answers on >= 95% of items and the same report."""
@@ -357,8 +361,7 @@ def text_run(vllm_env, tmp_path_factory):
     return result, output_dir
 
 
-@pytest.mark.xdist_group("text_run")  # one worker trains text_run for these (conftest)
-def test_text_model_trains_with_colocated_vllm_and_the_guard_stays_quiet(text_run):
+def _text_model_trains_with_colocated_vllm_and_the_guard_stays_quiet(text_run):
     """A text model's processing class is its tokenizer: generation, the training forward and the guard's own
     forward take no image or video path (each of them crashed at step 1 before: ``processing_class.tokenizer``)."""
     result, output_dir = text_run
@@ -388,8 +391,7 @@ def test_the_guard_stops_a_frozen_sampler_of_a_text_model(vllm_env, tmp_path):
     assert len(seen["vllm_prompt_ids"]) >= 8 * step and seen["vllm_prompt_ids"] == seen["training_prompt_ids"]
 
 
-@pytest.mark.xdist_group("text_run")  # one worker trains text_run for these (conftest)
-def test_eval_engines_agree_on_a_text_checkpoint(text_run, vllm_env, tmp_path):
+def _eval_engines_agree_on_a_text_checkpoint(text_run, vllm_env, tmp_path):
     """``suzak.eval gsm8k`` on the text run's model with each engine (a causal LM and its tokenizer, no image
     inputs): the same greedy answers, token for token, scored alike. The tiny random model's greedy answers repeat one
     token (measured: 24 newlines), so this shows the text path through both engines, not answers that differ."""
@@ -404,6 +406,15 @@ def test_eval_engines_agree_on_a_text_checkpoint(text_run, vllm_env, tmp_path):
     hf, vl = reports["hf"], reports["vllm"]
     assert len(hf) == len(vl) == 4 and all(r["model_output"] for r in hf)
     assert [(r["model_output"], r["is_correct"]) for r in hf] == [(r["model_output"], r["is_correct"]) for r in vl]
+
+
+def test_the_text_run_trains_with_colocated_vllm_and_both_engines_answer_alike(text_run, vllm_env, tmp_path):
+    """The checks on one text run (``text_run``, ~30 s), in one test so that it runs once: dealt one at a time to two
+    workers, tests sharing a module fixture ran it on both (the CI of 45dfcc3: 40 s twice each); pytest-xdist's
+    ``loadgroup``, which would keep them on one worker, groups nothing under pytest 9.2 (it renames ``item._nodeid``,
+    which pytest 9.2 no longer reads)."""
+    _text_model_trains_with_colocated_vllm_and_the_guard_stays_quiet(text_run)
+    _eval_engines_agree_on_a_text_checkpoint(text_run, vllm_env, tmp_path)
 
 
 # --- grounding: boxes through vLLM --------------------------------------------------------------------------------
@@ -517,7 +528,6 @@ def vllm_zoom_prior(tmp_path_factory):
     return zoom_prior_model(tmp_path_factory.mktemp("zoom-prior"), for_vllm=True)
 
 
-@pytest.mark.xdist_group("vllm_zoom_prior")  # one worker trains vllm_zoom_prior for these (conftest)
 def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_zoom_prior, vllm_env, tmp_path):
     """tests/zoom_rollouts.py with colocated vLLM: every rollout calls the zoom, the crop goes back to vLLM in the next
     turn's prompt (one placeholder per image handed over: the ids TRL's tool loop builds are expanded by the processor),
@@ -532,7 +542,6 @@ def test_zoom_rollouts_reach_vllm_with_their_crops(vllm_zoom_prior, vllm_env, tm
     assert max(gap[1] for gap in record["gaps"]) < 1e-5 and max(gap[2] for gap in record["gaps"]) < 1e-3, record["gaps"]
 
 
-@pytest.mark.xdist_group("vllm_zoom_prior")  # one worker trains vllm_zoom_prior for these (conftest)
 def test_eval_with_zoom_gives_the_same_calls_and_answers_on_both_engines(vllm_zoom_prior, vllm_env, tmp_path):
     """``suzak.eval jsonl --tools zoom`` at temperature 0 on the tiny model taught the call: vLLM (each round's crops
     handed over one placeholder per image) and HF make the same calls, see the same crops and write the same turns."""
@@ -668,8 +677,7 @@ def served_judge(vllm_env, tmp_path_factory):
         log.close()
 
 
-@pytest.mark.xdist_group("served_judge")  # one worker starts the server for these (conftest)
-def test_the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served_judge):
+def _the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served_judge):
     """The ``judge`` reward with ``base_url`` (OpenAI's chat API, the image as a base64 PNG ``image_url`` part, the
     first token's top log-probabilities) against the same model loaded in this process: the same P(yes) for every
     square to float32 round-off, above one half for each red one, and the calls counted."""
@@ -695,8 +703,7 @@ def test_the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served
     assert metrics["served"]["judge/calls"] == 8 and metrics["served"]["judge/failed"] == 0, metrics
 
 
-@pytest.mark.xdist_group("served_judge")  # one worker starts the server for these (conftest)
-def test_a_run_calls_the_served_judge_every_step_and_logs_its_cost(served_judge, vllm_env, tmp_path):
+def _a_run_calls_the_served_judge_every_step_and_logs_its_cost(served_judge, vllm_env, tmp_path):
     """``suzak train`` beside the served judge, logged at weight 0 beside the demo's ``word_match`` (the tests' judge
     answers "Is the image red?", not whether the answer is right, so it must not steer and the judge pre-flight,
     which skips weight-0 rewards, would refuse it): each step's 16 prompts are 16 distinct questions (its prompt holds
@@ -716,3 +723,12 @@ def test_a_run_calls_the_served_judge_every_step_and_logs_its_cost(served_judge,
                                   for r in rows), rows  # fmt: skip
     assert all(float(r["judge/failed"]) == 0 and float(r["judge/seconds"]) > 0 for r in rows)
     assert all(0 < float(r["rewards/judge/mean"]) < 1 for r in rows)
+
+
+def test_the_served_judge_scores_as_the_local_one_and_a_run_calls_it_every_step(served_judge, vllm_env, tmp_path):
+    """The checks on one judge server (``served_judge``: the judge's training and the server's start, ~60 s), in one
+    test so that it runs once: dealt one at a time to two workers, tests sharing a module fixture ran it on both (the CI
+    of 45dfcc3: 40 s twice each); pytest-xdist's ``loadgroup``, which would keep them on one worker, groups nothing
+    under pytest 9.2 (it renames ``item._nodeid``, which pytest 9.2 no longer reads)."""
+    _the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served_judge)
+    _a_run_calls_the_served_judge_every_step_and_logs_its_cost(served_judge, vllm_env, tmp_path)
