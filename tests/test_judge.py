@@ -47,7 +47,7 @@ def called_as_trl_calls(reward, rows: list[dict], completions: list[str], metric
     return asyncio.run(reward(**reward_call_kwargs(rows, conversation, log)))
 
 
-def test_a_local_judge_sees_the_picture_at_its_own_budget(picture_judge):
+def _a_local_judge_sees_the_picture_at_its_own_budget(picture_judge):
     """The judge's P(yes) comes from its first reply token's log-probabilities, about the image the reward hands it
     (each row's square): above one half for the red squares, below for the blue ones, on squares it never saw."""
     folder, accuracy = picture_judge
@@ -59,7 +59,7 @@ def test_a_local_judge_sees_the_picture_at_its_own_budget(picture_judge):
     assert all(0 < score < 1 for score in scores)  # a probability, not a parsed 0/1
 
 
-def test_the_reward_asks_each_distinct_question_once_and_logs_its_cost(picture_judge):
+def _the_reward_asks_each_distinct_question_once_and_logs_its_cost(picture_judge):
     folder, _ = picture_judge
     reward = resolve_reward("judge", picture_judge_settings(folder, FACTOR))
     assert is_judge(reward)
@@ -71,7 +71,7 @@ def test_the_reward_asks_each_distinct_question_once_and_logs_its_cost(picture_j
     assert scores[3::4] == [0.0] * 4  # no answer: 0.0 without a call, as a rule reward scores a missing answer
 
 
-def test_a_judge_that_cannot_tell_right_from_wrong_stops_before_step_1(picture_judge, run_env, tmp_path):
+def _a_judge_that_cannot_tell_right_from_wrong_stops_before_step_1(picture_judge, run_env, tmp_path):
     """``suzak train --rewards judge`` with a judge whose question holds no answer: it scores a right and a wrong
     answer alike, so the judge pre-flight stops the run in one line before the first step."""
     folder, _ = picture_judge
@@ -86,6 +86,14 @@ def test_a_judge_that_cannot_tell_right_from_wrong_stops_before_step_1(picture_j
         rf"error: judge pre-flight: 'judge' at {re.escape(str(folder))} scored the right answer above a wrong one on "
         r"0 of (\d+) rows \(mean (\S+) against \2\): it does not tell them apart \(check its base_url and model, and "
         r"the prompt\)", errors[0]), errors  # fmt: skip
+
+
+def test_the_local_picture_judge(picture_judge, run_env, tmp_path):
+    """The checks on one trained picture judge (``picture_judge``, ~30 s), in one test so that it is trained once
+    (dealt one at a time to two workers, tests sharing a module fixture train it on both)."""
+    _a_local_judge_sees_the_picture_at_its_own_budget(picture_judge)
+    _the_reward_asks_each_distinct_question_once_and_logs_its_cost(picture_judge)
+    _a_judge_that_cannot_tell_right_from_wrong_stops_before_step_1(picture_judge, run_env, tmp_path)
 
 
 def _closed_port() -> int:
