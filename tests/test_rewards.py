@@ -292,7 +292,7 @@ def test_r1v_accuracy_bad_gold_names_row(gold):
 def test_registry_names():
     assert set(REWARDS) == {"clevr_count", "think_format", "gsm8k_accuracy", "gsm8k_format", "math_accuracy",
                             "r1v_accuracy", "word_match", "anls", "ocr_exact", "iou", "rec_accuracy", "box_format",
-                            "box_f1", "box_map", "click_accuracy", "dynamic_iou", "zoom_used"}  # fmt: skip
+                            "box_f1", "box_map", "click_accuracy", "dynamic_iou", "zoom_used", "judge"}  # fmt: skip
     for name, func in REWARDS.items():
         assert callable(func) and func.__name__ == name
         assert resolve_reward(name) is func
