@@ -63,7 +63,9 @@ def train_picture_judge(folder: Path, family: str = "qwen2_5_vl", steps: int = 6
     from suzak.trl_internals import score_labelled_positions_only
 
     folder = Path(folder)
-    model_dir = build_tiny_model(folder / "tiny", TinyConfig.shaped(family, for_vllm=for_vllm, extra_corpus=["yes no"] * 50))
+    model_dir = build_tiny_model(
+        folder / "tiny", TinyConfig.shaped(family, for_vllm=for_vllm, extra_corpus=["yes no"] * 50)
+    )
     torch.manual_seed(seed)
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
