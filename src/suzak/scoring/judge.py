@@ -402,8 +402,16 @@ def judge_items(settings: JudgeSettings, prompts: list, completions: list, solut
 
 
 def _score(settings: JudgeSettings, reply: tuple[str, float | None]) -> float | None:
+    """A reply's score: P(yes) where the verdict is yes/no, ``logprobs`` is on and the first token gave it (the
+    local judge computes it for every reply), else the verdict in the reply's text.
+
+    >>> _score(JudgeSettings("j"), ("no", 0.9)), _score(JudgeSettings("j", verdict="grade"), ("7", 0.9))
+    (0.9, 0.7)
+    >>> _score(JudgeSettings("j", logprobs=False), ("no", 0.9))
+    0.0
+    """
     text, p_yes = reply
-    if p_yes is not None:
+    if p_yes is not None and settings.verdict == "yes_no" and settings.logprobs:
         return p_yes
     return parse_verdict(text, settings.verdict, settings.grade_max)
 
