@@ -137,11 +137,16 @@ REWARD_CALL_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state
 VIDEO_FIELDS = "suzak_video_fields"
 
 
-def reward_call_kwargs(rows: list[dict], completions: list, log: Callable[..., None]) -> dict[str, Any]:
+def _discard(*args, **kwargs) -> None:
+    """Stands in for TRL's ``log_extra``/``log_metric`` where a reward is called outside a training step (the
+    pre-flight, the held-out eval, a reward called again to find its failing rows)."""
+
+
+def reward_call_kwargs(rows: list[dict], completions: list, log: Callable[..., None] = _discard) -> dict[str, Any]:
     """The keyword arguments GRPOTrainer would call a reward with for ``rows`` and their ``completions``.
 
     Every dataset column but the prompt goes in as a list, as ``_calculate_rewards`` does; ``completion_ids`` are
-    empty (no tokenizer here) and ``log`` stands in for ``log_extra``/``log_metric``.
+    empty (no tokenizer here) and ``log`` stands in for ``log_extra``/``log_metric`` (default: nothing is logged).
     """
     columns = {k: [row[k] for row in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
     return {"prompts": [row["prompt"] for row in rows], "completions": completions,
@@ -283,10 +288,6 @@ def _failing_alone(func: Callable, kwargs: dict) -> list[int]:
         except Exception:  # noqa: BLE001 - only which completions fail is wanted here
             failing.append(i)
     return failing
-
-
-def _discard(*args, **kwargs) -> None:
-    """Stands in for TRL's ``log_extra``/``log_metric`` when a reward is called again to find its failing rows."""
 
 
 def _batch_positions(count: int) -> list[str]:

@@ -39,10 +39,6 @@ CSV_NAME = "eval_samples.csv"
 CSV_COLUMNS = ["step", "index", "prompt", "output", "gold", "correct"]
 
 
-def _not_logged(*args, **kwargs) -> None:
-    """``log_metric`` / ``log_extra`` for a reward scoring the held-out rows: the eval logs its own figures."""
-
-
 class GenerationEvalCallback(TrainerCallback):
     """Greedy generation on ``rows`` every ``eval_steps``, scored by ``scorer`` (a reward function, max 1.0)."""
 
@@ -168,7 +164,7 @@ class GenerationEvalCallback(TrainerCallback):
             if isinstance(part[0]["prompt"], list):  # a conversation: TRL hands each completion as its message
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
             guard = RewardGuard([names[i] for i in positions])
-            kwargs = reward_call_kwargs(part, completions, _not_logged) | {"trainer_state": state}
+            kwargs = reward_call_kwargs(part, completions) | {"trainer_state": state}
             called = guard.wrap(scorer, reward_name(scorer))(**kwargs)
             found = asyncio.run(called) if inspect.isawaitable(called) else called
             if guard.failures:

@@ -45,6 +45,7 @@ from suzak.media.vision import (
     prompt_tokens,
     to_rgb,
 )
+from suzak.scoring.judge import judge_settings
 from suzak.scoring.parsing import gold_answer, gold_boxes
 from suzak.scoring.prompts import after_opening, render_answer, template_opening
 from suzak.scoring.rewards import is_judge, reads_rollout
@@ -152,8 +153,7 @@ def _check_judge(func: Callable, rows: list[dict], ideals: list[str], answer_for
     right, wrong = scores[: len(rows)], scores[len(rows) :]
     prefers = sum(r is not None and w is not None and r > w for r, w in zip(right, wrong, strict=True))
     mean = [sum(v for v in part if v is not None) / len(part) for part in (right, wrong)]
-    keywords = getattr(func, "keywords", {})
-    where = keywords.get("base_url") or keywords.get("model") or "(no model set)"
+    where = judge_settings(getattr(func, "keywords", {})).where  # the call above checked them
     if prefers * 2 <= len(rows) or mean[0] <= mean[1]:
         raise SuzakError(
             f"judge pre-flight: {reward_name(func)!r} at {where} scored the right answer above a wrong one on "
@@ -167,7 +167,7 @@ def _check_judge(func: Callable, rows: list[dict], ideals: list[str], answer_for
 def _call_reward(func: Callable, rows: list[dict], completions: list, form: str) -> list:
     """Call ``func`` as GRPOTrainer's ``_calculate_rewards`` does (:func:`suzak.trl_internals.reward_call_kwargs`)."""
     try:
-        rewards = func(**reward_call_kwargs(rows, completions, _discard))
+        rewards = func(**reward_call_kwargs(rows, completions))
         if inspect.isawaitable(rewards):
             rewards = asyncio.run(rewards)
     except Exception as exc:
@@ -179,10 +179,6 @@ def _call_reward(func: Callable, rows: list[dict], completions: list, form: str)
             f"reward pre-flight: {reward_name(func)!r} returned {len(rewards)} values for {len(rows)} rows"
         )
     return rewards
-
-
-def _discard(*args, **kwargs) -> None:
-    """Stands in for TRL's ``log_extra``/``log_metric`` during the pre-flight."""
 
 
 def check_answer_opening(processing_class: Any, answer_format: str, chat_template_kwargs: dict | None = None) -> None:
