@@ -50,7 +50,8 @@ def run(spec: str, results: Path, vllm: bool = False) -> dict:
            "generation": report["generation"], "passed": report["passed"],
            "last10": report["last10"], "heldout": report["heldout"], "margins": report["margins"],
            "windows": report["windows"], "seconds": round(time.monotonic() - start, 1), "cpu": cpu(),
-           "commit": commit(), "date": datetime.date.today().isoformat()}  # fmt: skip
+           "commit": commit(), "date": datetime.date.today().isoformat(),
+           **({"judge": report["judge"]} if "judge" in report else {})}  # fmt: skip
     with open(results, "a") as handle:
         handle.write(json.dumps(row) + "\n")
     return row

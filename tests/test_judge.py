@@ -134,6 +134,35 @@ def test_settings_mistakes_are_one_line_before_any_call(monkeypatch):
         asyncio.run(reward(prompts=["What color?"], completions=["red"], image=[None]))
 
 
+def test_the_judge_sees_the_picture_in_image_column_and_a_missing_column_is_one_line():
+    """``image_column`` shows the judge another picture than the policy's (the judge self-test's control: a grey
+    square); without it the judge sees the row's own image; a column the rows lack stops in one line."""
+    from suzak.scoring.judge import judge_items, judge_settings
+
+    rows, grey = squares(2), squares(2, "grey")
+    prompts, pictures = [row["prompt"] for row in rows], [row["image"] for row in rows]
+    shown = judge_settings({"model": "j", "reference": False, "image_column": "judge_image"})
+    items = judge_items(shown, prompts, ["red", "blue"], None, {"image": pictures,
+                                                               "judge_image": [row["image"] for row in grey]})  # fmt: skip
+    assert [item.image for item in items] == [row["image"] for row in grey]
+    own = judge_items(judge_settings({"model": "j", "reference": False}), prompts, ["red", "blue"], None,
+                      {"image": pictures, "judge_image": [row["image"] for row in grey]})  # fmt: skip
+    assert [item.image for item in own] == pictures
+    with pytest.raises(SuzakError, match=r"^judge: image_column 'judge_image' is not a column of the rows; their "
+                       r"columns: image$"):  # fmt: skip
+        judge_items(shown, prompts, ["red", "blue"], None, {"image": pictures})
+
+
+def test_a_judge_that_names_what_it_sees_first_is_scored_by_its_last_verdict():
+    """A reply that opens with its verdict is scored by P(yes) (or the word); a judge that first says what it sees
+    ("blue no", the self-test's colour judge) by its last yes or no, never by its first token's P(yes)."""
+    from suzak.scoring.judge import JudgeSettings, score_reply
+
+    judge = JudgeSettings("j")
+    assert score_reply(judge, ("Yes", 0.8)) == 0.8 and score_reply(judge, ("red yes", 0.1)) == 1.0
+    assert score_reply(judge, ("The square is red, so no.", 0.9)) == 0.0 and score_reply(judge, ("red", 0.9)) is None
+
+
 def test_the_held_out_eval_counts_a_judges_answer_correct_above_one_half():
     """A rule reward's full marks are 1.0; a judge's score is its P(yes): the held-out eval (``eval_rows``) counts it
     correct above one half, rule rewards at 1.0 as before."""

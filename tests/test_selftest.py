@@ -563,3 +563,84 @@ def test_mixture_selftest_learns_each_source_through_its_own_pixels(tmp_path):
                                                                              heldout["aligned/video"]) >= 0.9  # fmt: skip
     assert all(0.3 <= last[f"shuffled/{s}"] <= 0.7 and heldout[f"shuffled/{s}"] < 0.7 for s in ("colour", "video"))
     assert "| steps | aligned/colour reward | aligned/video reward |" in stdout
+
+
+# --- the judge task: the policy rewarded only by a judge that sees the square -------------------------------------
+
+
+def test_the_judge_tasks_rows_show_its_judge_the_square_or_in_the_control_a_grey_one():
+    """The policy sees each row's square in both conditions; the judge's column holds the same square, or in the
+    control (``judge_grey``) a grey square that tells red from blue no more than chance."""
+    from suzak.selftest.judge import CONTROL, JUDGE_IMAGE, judge_task_dataset
+
+    aligned, control = judge_task_dataset(40, seed=1), judge_task_dataset(40, seed=1, images=CONTROL)
+    assert set(aligned.column_names) == {"prompt", "image", "solution", JUDGE_IMAGE}
+    assert [row["image"] for row in aligned] == [row["image"] for row in control]  # the policy's view is the same
+    assert all(row[JUDGE_IMAGE] == row["image"] for row in aligned)
+    for row in control:  # grey, jittered: no dominant red or blue channel
+        r, _, b = row[JUDGE_IMAGE].getpixel((0, 0))
+        assert abs(r - b) <= 50
+    with pytest.raises(ValueError, match="aligned or judge_grey"):
+        judge_task_dataset(2, seed=0, images="shuffled")
+
+
+def test_the_colour_judges_questions_say_yes_to_the_squares_colour_word_alone(tiny_model_dir):
+    """The colour judge's SFT rows: "Is the image {answer}?" about a square, the candidate a colour word or, half
+    the time, tokens a policy samples before it answers (a colour word with a stray token among them); yes only for
+    the square's own colour word."""
+    from transformers import AutoTokenizer
+
+    from suzak.selftest.judge import colour_judge_items, colour_judge_settings
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    items, verdicts, colours = colour_judge_items(200, 3, colour_judge_settings("j", 28), tokenizer)
+    words = [item.text.removeprefix("Is the image ").removesuffix("?") for item in items]
+    assert len(items) >= 190 and all(item.image.size == (56, 56) for item in items)
+    assert verdicts == ["yes" if word == colour else "no" for word, colour in zip(words, colours, strict=True)]
+    assert 0.15 < verdicts.count("yes") / len(verdicts) < 0.35  # half colour words, of which half the square's
+    assert sum(word not in COLORS for word in words) > 60 and any(word.startswith(("red", "blue")) and word not in
+                                                                  COLORS for word in words)  # fmt: skip
+    for item, colour in zip(items, colours, strict=True):
+        r, _, b = item.image.getpixel((0, 0))
+        assert (r > b) == (colour == "red")
+
+
+def test_the_judge_tasks_reward_is_the_judge_alone_and_the_rule_is_its_figure(tmp_path):
+    """The judge (weight 1) on the judge's own column, the colour task's first-token reward at weight 0 as the
+    figure; the judge's folder comes from --judge (nothing trained) or the colour judge ``prepare`` trains."""
+    from suzak.scoring.rewards import is_judge
+    from suzak.selftest import judge as task
+
+    ids = {"red": 11, "blue": 12}
+    tokenizer = lambda word, add_special_tokens=False: {"input_ids": [ids[word]]}  # noqa: E731
+    with pytest.raises(ValueError, match="config.judge"):
+        task.rewards(SelfTestConfig(task="judge"), tokenizer)
+    config, entry, bars = task.prepare(SelfTestConfig(task="judge", judge=str(tmp_path)), tmp_path)
+    assert config.judge == str(tmp_path) and entry["accuracy"] is None and bars == {}
+    funcs, weights, figure = task.rewards(config, tokenizer)
+    assert is_judge(funcs[0]) and funcs[0].keywords["image_column"] == task.JUDGE_IMAGE and not funcs[0].keywords[
+        "reference"]  # fmt: skip
+    assert funcs[1].__name__ == "color_first_token" and weights == [1.0, 0.0]
+    assert figure == "rewards/color_first_token/mean"
+
+
+def test_judge_is_the_judge_tasks_flag():
+    from suzak.selftest.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--task", "color", "--judge", "somewhere"])
+    assert stop.value.code == 2
+
+
+@pytest.mark.slow
+def test_judge_selftest_learns_the_colours_from_a_judge_that_sees_the_squares(tmp_path):
+    """The policy rewarded only by the tiny colour judge (trained first, 300 SFT steps, accuracy >= 0.95 on unseen
+    squares) learns the colours (its answers scored by rule: >= 0.9, held-out >= 0.9); with the judge shown a grey
+    square instead, it stays at chance (docs/selftest.md, the judge)."""
+    report, stdout = run_selftest_command(tmp_path / "judge.json", ["--task", "judge", "--seed", "0"], timeout=1800)
+    assert_passes(report, "judge")
+    detail = report["detail"]
+    assert detail["judge"]["accuracy"] >= 0.95 and detail["verdicts"]["judge_accuracy"]
+    assert report["aligned_accuracy"] >= 0.9 and 0.3 <= detail["last10"]["judge_grey"] <= 0.7
+    assert report["heldout_accuracy"] >= 0.9 and detail["heldout"]["judge_grey"] < 0.7
+    assert "the judge: 300 SFT steps, accuracy" in stdout

@@ -14,11 +14,13 @@ Where the judge runs (:class:`JudgeSettings`, a recipe's ``reward_kwargs: {judge
   ``retries`` with backoff (the ``openai`` client's own).
 - no ``base_url``: ``model`` is a local model folder (a small judge, tests), loaded once in this process.
 
-The score: P(yes) from the first reply token's log-probabilities where the server returns them (``logprobs``),
-else the verdict in the reply's text (yes/no → 1/0; with ``verdict: grade`` an integer 0..``grade_max`` scaled to
-0..1). A call that fails after its retries, or whose reply has no verdict, scores None and is counted
-(``judge/failed``, and ``rewards/judge/nonfinite_frac`` as every None is); when more than ``max_failed_fraction`` of
-a batch's calls fail the reward raises, and the run stops in one line after a checkpoint of the last completed step
+The score: P(yes) from the first reply token's log-probabilities where the server returns them (``logprobs``) and
+the reply opens with its verdict, else the verdict in the reply's text (yes/no → 1/0, read at the reply's first word
+or, for a judge that says what it sees first, its last yes or no; with ``verdict: grade`` an integer 0..``grade_max``
+scaled to 0..1). The judge sees the row's image, or the picture in ``image_column``. A call that fails after its
+retries, or whose reply has no verdict, scores None and is counted (``judge/failed``, and
+``rewards/judge/nonfinite_frac`` as every None is); when more than ``max_failed_fraction`` of a batch's calls fail
+the reward raises, and the run stops in one line after a checkpoint of the last completed step
 (:class:`suzak.trl_internals.RewardFault`). Identical (image, question, answer, reference) items of one batch are
 judged once (a group repeats its answers: ``judge/cached``).
 """
@@ -58,6 +60,7 @@ __all__ = [
     "judge",
     "judge_settings",
     "parse_verdict",
+    "score_reply",
     "yes_probability",
 ]
 
@@ -117,6 +120,10 @@ class JudgeSettings:
     answer_format: str = field(
         default="plain", metadata={"help": "how the completion's answer is read: plain (all of it) or think_answer"}
     )
+    image_column: str | None = field(
+        default=None,
+        metadata={"help": "the column with the picture the judge sees (default: the row's image, the policy's)"},
+    )
     min_pixels: int = field(
         default=3136, metadata={"help": "the judge's own pixel budget: fewest pixels an image gets"}
     )
@@ -169,7 +176,7 @@ def judge_settings(settings: dict | JudgeSettings) -> JudgeSettings:
     >>> judge_settings({"model": "judge", "verdcit": "grade"})
     Traceback (most recent call last):
     ...
-    suzak.SuzakError: judge: unknown setting 'verdcit'; known: model, base_url, api_key_env, reference, verdict, grade_max, prompt, answer_format, min_pixels, max_pixels, factor, logprobs, max_tokens, concurrency, timeout_s, retries, max_failed_fraction
+    suzak.SuzakError: judge: unknown setting 'verdcit'; known: model, base_url, api_key_env, reference, verdict, grade_max, prompt, answer_format, image_column, min_pixels, max_pixels, factor, logprobs, max_tokens, concurrency, timeout_s, retries, max_failed_fraction
     """
     if isinstance(settings, JudgeSettings):
         return settings
@@ -202,8 +209,13 @@ def parse_verdict(text: str, verdict: str = "yes_no", grade_max: int = 10) -> fl
     """The score in a judge's reply text: yes/no → 1/0, or a grade 0..``grade_max`` scaled to 0..1; None when the
     reply holds no verdict.
 
+    A yes/no reply is read at its first word when that is the verdict, else at its last "yes" or "no" (a judge that
+    says what it sees first: "The square is blue, so no.").
+
     >>> parse_verdict("Yes."), parse_verdict(" no, the bar is red"), parse_verdict("maybe")
     (1.0, 0.0, None)
+    >>> parse_verdict("blue yes"), parse_verdict("The square is blue, so no."), parse_verdict("Not sure, yes or no?")
+    (1.0, 0.0, 0.0)
     >>> parse_verdict("7", "grade"), parse_verdict("Grade: 10/10", "grade"), parse_verdict("12", "grade")
     (0.7, 1.0, None)
     """
@@ -212,8 +224,17 @@ def parse_verdict(text: str, verdict: str = "yes_no", grade_max: int = 10) -> fl
         if found is None or int(found.group()) > grade_max:
             return None
         return int(found.group()) / grade_max
-    word = re.match(r"\W*(\w+)", text.lower())
-    return {"yes": 1.0, "no": 0.0}.get(word.group(1)) if word else None
+    words = re.findall(r"\w+", text.lower())
+    verdicts = [word for word in words if word in ("yes", "no")]
+    if not verdicts:
+        return None
+    return 1.0 if (words[0] if _opens_with_verdict(text) else verdicts[-1]) == "yes" else 0.0
+
+
+def _opens_with_verdict(text: str) -> bool:
+    """Whether a reply's first word is "yes" or "no"."""
+    first = re.match(r"\W*(\w+)", text.lower())
+    return first is not None and first.group(1) in ("yes", "no")
 
 
 def yes_probability(top_logprobs: dict[str, float] | None) -> float | None:
@@ -394,24 +415,35 @@ def judge_items(settings: JudgeSettings, prompts: list, completions: list, solut
             items.append(None)
             continue
         row = {"prompt": prompts[i], **{name: values[i] for name, values in columns.items()}}
-        pictures = images_of(row)
+        pictures = images_of(row) if settings.image_column is None else _column_images(settings, columns, i)
         text = template.format(question=question_text(prompts[i]), answer=answer, grade_max=settings.grade_max,
                                reference=gold_answer(solution[i]) if reference else "")  # fmt: skip
         items.append(JudgeItem(text, pictures[0] if pictures else None))
     return items
 
 
-def _score(settings: JudgeSettings, reply: tuple[str, float | None]) -> float | None:
-    """A reply's score: P(yes) where the verdict is yes/no, ``logprobs`` is on and the first token gave it (the
-    local judge computes it for every reply), else the verdict in the reply's text.
+def _column_images(settings: JudgeSettings, columns: dict, i: int) -> list[Image.Image]:
+    """The pictures in row ``i``'s ``image_column`` (one image or a list of them)."""
+    if settings.image_column not in columns:
+        raise SuzakError(f"judge: image_column {settings.image_column!r} is not a column of the rows; their columns: "
+                         f"{', '.join(sorted(columns))}")  # fmt: skip
+    value = columns[settings.image_column][i]
+    return images_of({"images": value} if isinstance(value, list) else {"image": value})
 
-    >>> _score(JudgeSettings("j"), ("no", 0.9)), _score(JudgeSettings("j", verdict="grade"), ("7", 0.9))
+
+def score_reply(settings: JudgeSettings, reply: tuple[str, float | None]) -> float | None:
+    """A reply's score: P(yes) where the verdict is yes/no, ``logprobs`` is on and the reply opens with its verdict
+    (the first token's P(yes) is the verdict's; the local judge computes it for every reply), else the verdict in the
+    reply's text (a judge that names what it sees before its verdict: :func:`parse_verdict`).
+
+    >>> score_reply(JudgeSettings("j"), ("no", 0.9)), score_reply(JudgeSettings("j", verdict="grade"), ("7", 0.9))
     (0.9, 0.7)
-    >>> _score(JudgeSettings("j", logprobs=False), ("no", 0.9))
-    0.0
+    >>> judge = JudgeSettings("j")
+    >>> score_reply(JudgeSettings("j", logprobs=False), ("no", 0.9)), score_reply(judge, ("blue, so no", 0.9))
+    (0.0, 0.0)
     """
     text, p_yes = reply
-    if p_yes is not None and settings.verdict == "yes_no" and settings.logprobs:
+    if p_yes is not None and settings.verdict == "yes_no" and settings.logprobs and _opens_with_verdict(text):
         return p_yes
     return parse_verdict(text, settings.verdict, settings.grade_max)
 
@@ -442,7 +474,7 @@ async def judge(prompts: list, completions: list, solution: list | None = None, 
             bad.append(f"{type(reply).__name__}: {' '.join(str(reply).split())[:200]}")
             scored[key] = None
             continue
-        scored[key] = _score(settings, reply)
+        scored[key] = score_reply(settings, reply)
         if scored[key] is None:
             bad.append(f"no verdict in {reply[0]!r:.200}")
     if log_metric is not None:

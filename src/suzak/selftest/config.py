@@ -34,6 +34,7 @@ class SelfTestConfig:
     prior_cache: str | None = (
         None  # a folder of priors kept by their key (priors.prior_key); None: each run trains its own
     )
+    judge: str | None = None  # the judge task's judge, a local model folder; None: the colour judge trained first
 
     def __post_init__(self):
         if self.task not in TASKS:

@@ -7,7 +7,17 @@ import statistics
 
 from suzak.selftest.spec import TaskSpec
 
-__all__ = ["JSON_KEYS", "condition_of", "format_report", "margins", "needs", "quiet_progress", "verdicts", "windows"]
+__all__ = [
+    "JSON_KEYS",
+    "condition_of",
+    "floor_margin",
+    "format_report",
+    "margins",
+    "needs",
+    "quiet_progress",
+    "verdicts",
+    "windows",
+]
 
 # The top-level keys of ``--json`` (the whole report follows under "detail").
 JSON_KEYS = ("task", "family", "aligned_accuracy", "control_accuracy", "heldout_accuracy", "unsuppressed_in_eval", "steps",
@@ -81,6 +91,16 @@ def margins(spec: TaskSpec, last: dict[str, float], heldout: dict[str, float]) -
     return out
 
 
+def floor_margin(value: float, bar: float) -> tuple[float, float]:
+    """(how far ``value`` is above the floor ``bar``, how far it must be): a prepared bar's margin (the judge task's
+    judge accuracy), as :func:`margins` gives an aligned run's.
+
+    >>> floor_margin(1.0, 0.95)
+    (0.05, 0.025)
+    """
+    return round(value - bar, 6), _required(bar)
+
+
 def _required(bar: float) -> float:
     return round(min(0.1, (1.0 - bar) / 2), 6)
 
@@ -106,6 +126,12 @@ def format_report(report: dict) -> str:
     if checks:
         lines.append(f"vLLM against the policy: largest mean |log p(vLLM) - log p(policy)| {max(c[1] for c in checks):.2g} "
                      f"per token over {len(checks)} checks of the stale-sampler guard")  # fmt: skip
+    judge = report.get("judge")
+    if judge and judge.get("accuracy") is not None:
+        lines.append(f"the judge: {judge['sft_steps']} SFT steps, accuracy {judge['accuracy']:.3f} on unseen squares "
+                     f"(needs {judge['needs']})")  # fmt: skip
+    elif judge:
+        lines.append(f"the judge: {judge['folder']} (--judge)")
     kept = [name for name, folder in report.get("kept_priors", {}).items() if folder]
     if kept:
         lines.append(f"priors loaded from --prior_cache (not trained in this run): {', '.join(kept)}")

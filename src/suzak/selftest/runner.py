@@ -13,7 +13,16 @@ from pathlib import Path
 from suzak import SuzakError
 from suzak.selftest import priors
 from suzak.selftest.config import SelfTestConfig
-from suzak.selftest.report import condition_of, heldout_needs, margins, needs, quiet_progress, verdicts, windows
+from suzak.selftest.report import (
+    condition_of,
+    floor_margin,
+    heldout_needs,
+    margins,
+    needs,
+    quiet_progress,
+    verdicts,
+    windows,
+)
 from suzak.selftest.spec import NO_TOOL
 
 __all__ = ["CONDITION_IMPORTS", "PORTS_FROM", "conditions_context", "run_selftest", "unsuppressed_tokens"]
@@ -289,6 +298,9 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus,
                                  **spec.tiny)  # fmt: skip
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)
+        prepared, prepared_bars = {}, {}  # work the conditions share, done once (the judge task trains its judge)
+        if hasattr(config.task_module, "prepare"):
+            config, prepared, prepared_bars = config.task_module.prepare(config, Path(tmp))
         runs = {}  # a condition's run, or for a mixture each source's rows of it ("aligned/colour", ...)
         for images, (rewards, accuracy, unsuppressed, checks, kept) in train_conditions(config, model_dir, conditions,
                                                                                         Path(tmp)).items():  # fmt: skip
@@ -298,7 +310,7 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
                     "kept_prior": kept}  # fmt: skip
     last = {name: statistics.fmean(run["rewards"][-10:]) for name, run in runs.items()}
     accuracies = {name: run["heldout"] for name, run in runs.items()}
-    ok = verdicts(spec, last, accuracies)
+    ok = verdicts(spec, last, accuracies) | {name: value >= bar for name, (value, bar) in prepared_bars.items()}
     if "aligned" in runs and NO_TOOL in runs:  # the tool must beat the best the model reached without it
         best = max([*windows(runs[NO_TOOL]["rewards"]), runs[NO_TOOL]["heldout"]])
         ok["beats_no_tool"] = runs["aligned"]["heldout"] > best
@@ -320,7 +332,8 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         "heldout_needs": heldout_needs(spec, list(runs)),
         "verdicts": ok,
         # {bar: [how far inside it, how far it must be to be safe]} (report.margins; docs/selftest.md)
-        "margins": {name: [round(got, 4), need] for name, (got, need) in margins(spec, last, accuracies).items()},
+        "margins": {name: [round(got, 4), need] for name, (got, need) in margins(spec, last, accuracies).items()}
+        | {name: list(floor_margin(value, bar)) for name, (value, bar) in prepared_bars.items()},
         "windows": {name: windows(run["rewards"]) for name, run in runs.items()},
         "steps": config.steps,
         "generation": "vllm" if config.vllm else "hf",
@@ -330,5 +343,6 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
         # --prior_cache: the folder each condition's prior was loaded from, or None where it was trained in this run
         "kept_priors": {name: run["kept_prior"] for name, run in runs.items()},
         "seconds": round(time.monotonic() - start, 1),
+        **({config.task: prepared} if prepared else {}),  # the judge task's judge: its SFT steps and accuracy
         "passed": all(ok.values()) and not unsuppressed,
     }

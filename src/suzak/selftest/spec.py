@@ -115,6 +115,9 @@ class Task(Protocol):
               video_budget: VideoBudget, crops: PixelBudget, output_dir: Path) -> None:  # fmt: skip
         """Train the ``condition``'s prior in place on ``model`` (a task without one does nothing)."""
 
+    # optional: prepare(config, tmp) -> (config, report entry, {bar: (value, floor)}): work the conditions share, done
+    # once before them (the judge task trains its judge and names it in the config; its bars join the verdicts)
+
 
 # name -> the task's settings, in the order the package imports the task modules (--help lists them so)
 TASKS: dict[str, TaskSpec] = {}
