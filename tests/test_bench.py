@@ -91,6 +91,7 @@ def test_selftest_margins_bench_prints_its_recorded_rows(run_env):
         ("video", "qwen2_5_vl", "hf"),
         ("grounding", "qwen3_vl", "hf"),
         ("mixture", "qwen2_5_vl", "hf"),
+        ("judge", "qwen2_5_vl", "hf"),
     }  # a mixture's runs are named <condition>/<source>
     assert all(len(seeds.get(key, ())) >= 2 for key in proven), {key: seeds.get(key) for key in proven}
     table = _run("bench_selftest_margins.py", "--table", str(ROOT / "bench" / "results_selftest_margins.jsonl"),

@@ -172,3 +172,17 @@ def test_the_held_out_eval_counts_a_judges_answer_correct_above_one_half():
     ruled = GenerationEvalCallback([], resolve_reward("word_match"), None, eval_steps=1)
     assert [judged._correct({}, s) for s in (0.7, 0.5, None)] == [True, False, False]
     assert [ruled._correct({}, s) for s in (1.0, 0.7)] == [True, False]
+
+
+def test_the_judge_recipe_names_a_served_judge_whose_settings_resolve():
+    """recipes/judge_qwen2.5vl_3b.yaml: the judge behind base_url, every setting known to the reward (a misspelt one
+    would be one line here, as at the start of a run)."""
+    from suzak.scoring.judge import judge_settings
+    from suzak.scoring.rewards import resolve_rewards
+    from suzak.training.configs import parse_args
+
+    suzak_args, _, _ = parse_args(["--config", str(ROOT / "recipes" / "judge_qwen2.5vl_3b.yaml")])
+    funcs = resolve_rewards(suzak_args.rewards, suzak_args.reward_kwargs)
+    settings = judge_settings(funcs[0].keywords)
+    assert is_judge(funcs[0]) and settings.base_url == "http://127.0.0.1:8000/v1" and settings.reference
+    assert settings.answer_format == "think_answer" and settings.where == settings.base_url

