@@ -130,7 +130,7 @@ def _checks(output_dir: Path) -> dict[int, float]:
                 if r.get("sampler_check/logp_gap")}  # fmt: skip
 
 
-def test_the_launch_script_learns_with_colocated_vllm(demo_run):
+def _the_launch_script_learns_with_colocated_vllm(demo_run):
     """Measured: reward 0.007 -> 0.87 over 100 steps (0.985 at 150), held-out 0 -> 1.0 from step 50."""
     result, output_dir = demo_run
     log = result.stdout + result.stderr
@@ -144,12 +144,20 @@ def test_the_launch_script_learns_with_colocated_vllm(demo_run):
     assert (output_dir / "model.safetensors").is_file()
 
 
-def test_the_guard_stays_quiet_on_the_live_sampler(demo_run):
+def _the_guard_stays_quiet_on_the_live_sampler(demo_run):
     """The guard checked at steps 1, 11, ..., 91 and found vLLM and the policy in agreement to fp32 rounding."""
     result, output_dir = demo_run
     checks = _checks(output_dir)
     assert list(checks) == list(range(1, 100, 10)) and max(checks.values()) < 1e-3, checks
     assert "sampler check at step 1: mean |log p(vLLM) - log p(policy)|" in result.stderr
+
+
+def test_the_demo_with_colocated_vllm(demo_run, vllm_env, tmp_path):
+    """The checks on one run of the launch script with vLLM (``demo_run``, ~100 s), in one test so that it is trained
+    once (dealt one at a time to two workers, tests sharing a module fixture train it on both)."""
+    _the_launch_script_learns_with_colocated_vllm(demo_run)
+    _the_guard_stays_quiet_on_the_live_sampler(demo_run)
+    _eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path)
 
 
 def test_the_guard_reproduces_vllms_top_k_top_p_and_min_p(vllm_env, tmp_path):
@@ -271,7 +279,7 @@ def test_selftest_passes_with_vllm(vllm_env, tmp_path):
     assert all(len(run) == 6 and max(gap for _, gap, _, _ in run) < 1e-3 for run in checks.values()), checks
 
 
-def test_eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path):
+def _eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path):
     """``suzak.eval`` on the demo run's model, HF and vLLM engines, same items (held-out CLEVR scenes at the demo's
     pixel budget), both in fp32 here: the same greedy answers on >= 95% of items and the same report."""
     _, model_dir = demo_run
