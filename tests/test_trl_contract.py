@@ -355,6 +355,24 @@ def test_a_list_in_the_scored_batch_is_shuffled_and_split_with_the_rows():
     assert "shuffle_sequence_dict(generation_batch)" in source and "split_tensor_dict(generation_batch" in source
 
 
+def test_the_generation_batch_is_shuffled_through_the_modules_shuffle_sequence_dict():
+    """``vision_reuse`` keeps a group's rows in one micro-batch (:func:`suzak.trl_internals.groups_kept_together`)
+    by swapping the ``shuffle_sequence_dict`` that ``_prepare_inputs`` calls from ``trl.trainer.grpo_trainer``'s
+    globals while it runs."""
+    from trl.trainer import grpo_trainer
+    from trl.trainer.utils import shuffle_sequence_dict
+
+    from suzak.trl_internals import groups_kept_together
+
+    assert grpo_trainer.shuffle_sequence_dict is shuffle_sequence_dict
+    prepare = inspect.unwrap(GRPOTrainer._prepare_inputs)  # under TRL's profiling decorator
+    assert "shuffle_sequence_dict" in prepare.__code__.co_names and prepare.__globals__ is vars(grpo_trainer)
+    with groups_kept_together(2):
+        rows = grpo_trainer.shuffle_sequence_dict({"row": list(range(8))})["row"]
+    assert sorted(rows) == list(range(8)) and all(rows[i] // 2 == rows[i + 1] // 2 for i in range(0, 8, 2))
+    assert grpo_trainer.shuffle_sequence_dict is shuffle_sequence_dict
+
+
 def test_tool_loop_internals_the_zoom_relies_on():
     """The zoom (suzak.models.tools, VLMGRPOTrainer): TRL resets one environment per rollout with the row's columns as
     keywords and keeps them in ``self.environments``; ``_get_tool_suffix_ids`` gives a tool turn's tokens (the

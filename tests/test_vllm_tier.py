@@ -160,6 +160,18 @@ def test_the_demo_with_colocated_vllm(demo_run, vllm_env, tmp_path):
     _eval_engines_agree_on_a_trained_checkpoint(demo_run, vllm_env, tmp_path)
 
 
+def test_vllm_encodes_each_image_once_for_its_group(vllm_env, tmp_path):
+    """TRL's colocate call sends each of a group's 8 rows as a request of its own with the same image; vLLM keeps an
+    image's encoder output by the image's hash, so its tower encodes each prompt's image once per generation: 16 of
+    the 128 images of a demo step (counted by a hook on vLLM's tower in its worker: tests/vllm_probe.py). Training's
+    own tower does the same (``vision/encoded_fraction``, docs/vision_reuse.md)."""
+    output_dir = tmp_path / "demo"
+    seen = _ran_as_trained(vllm_env, output_dir, 128, "--config", DEMO, "--eval_rows", "0")
+    assert seen["vllm_images"] == [128] * 3 and seen["vllm_encoded"] == [16] * 3, seen["vllm_encoded"]
+    fractions = [float(r["vision/encoded_fraction"]) for r in _metrics(output_dir)]
+    assert fractions == [0.125] * 3
+
+
 def test_the_guard_reproduces_vllms_top_k_top_p_and_min_p(vllm_env, tmp_path):
     """vLLM reports log-probabilities after its cuts (top-k 20 of ~600 tokens: ~3.4 nats from the uncut policy's);
     the guard scores the policy under the same cuts, so a live sampler stays at fp32 rounding."""

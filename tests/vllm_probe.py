@@ -26,7 +26,8 @@ def _record(path: str) -> None:
 
     from suzak.trl_internals import GRPOHooks
 
-    seen: dict[str, list] = {"training_prompt_ids": [], "vllm_prompt_ids": [], "completion_ids": [], "logit_bias": []}
+    seen: dict[str, list] = {"training_prompt_ids": [], "vllm_prompt_ids": [], "completion_ids": [], "logit_bias": [],
+                             "vllm_images": [], "vllm_encoded": []}  # fmt: skip
     atexit.register(lambda: open(path, "w").write(json.dumps(seen)))
 
     tokenize = GRPOHooks._tokenize_prompts
@@ -38,7 +39,13 @@ def _record(path: str) -> None:
         return result
 
     def recorded_generate(self, *args, **kwargs):
+        if self.mode == "colocate":
+            self.llm.apply_model(_count_encoded)
         prompt_ids, completion_ids, *rest = generate(self, *args, **kwargs)
+        if self.mode == "colocate":  # the images of this call's requests, and how many vLLM's tower encoded
+            images = kwargs.get("images", args[1] if len(args) > 1 else None) or []
+            seen["vllm_images"].append(sum(len(row) for row in images if row))
+            seen["vllm_encoded"].append(sum(self.llm.apply_model(_taken_count)))
         seen["vllm_prompt_ids"] += [list(ids) for ids in prompt_ids]
         seen["completion_ids"] += [list(ids) for ids in completion_ids]
         bias = self.generation_kwargs.get("logit_bias") or {}
@@ -47,6 +54,26 @@ def _record(path: str) -> None:
 
     GRPOHooks._tokenize_prompts = recorded_tokenize
     vllm_generation.VLLMGeneration.generate = recorded_generate
+
+
+def _count_encoded(model) -> None:
+    """A hook on vLLM's vision tower (in its worker) counting the images (grid rows) it encodes; installed once."""
+    tower = getattr(model, "visual", None)
+    if tower is None or hasattr(tower, "probe_encoded"):
+        return
+
+    def count(module, args, kwargs):
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        module.probe_encoded += len(grid) if grid is not None else 0
+
+    tower.probe_encoded = 0
+    tower.register_forward_pre_hook(count, with_kwargs=True)
+
+
+def _taken_count(model) -> int:
+    tower = getattr(model, "visual", None)
+    count, tower.probe_encoded = tower.probe_encoded, 0
+    return count
 
 
 def _freeze_lm_head() -> None:

@@ -374,6 +374,48 @@ class DynamicSampling:
         return group_std > self.min_std
 
 
+def shuffle_groups(batch: dict[str, Any], size: int) -> dict[str, Any]:
+    """TRL's shuffle of a scored generation batch before it cuts it into micro-batches (``shuffle_sequence_dict``:
+    every sequence of ``batch`` permuted in unison), by whole groups: the ``size`` consecutive rows of a group stay
+    together and in order, the groups in the order TRL's own row permutation (the same draw from torch's generator)
+    first reaches one of their rows. A micro-batch of a multiple of ``size`` rows then holds whole groups, whose
+    rows show one image: the vision tower encodes it once (:mod:`suzak.models.vision_reuse`). A batch that is not
+    whole groups is shuffled by rows, as TRL does.
+
+    >>> torch.manual_seed(0) and None
+    >>> shuffle_groups({"row": list(range(6)), "none": None}, 2)["row"]
+    [2, 3, 4, 5, 0, 1]
+    """
+    count = len(next(value for value in batch.values() if value is not None))
+    permutation = torch.randperm(count)  # as TRL draws it, so the generator's next draws are the unshuffled run's
+    if size > 1 and count % size == 0:
+        first = torch.full((count // size,), count)
+        first.scatter_reduce_(0, permutation // size, torch.arange(count), reduce="amin")
+        permutation = (torch.argsort(first)[:, None] * size + torch.arange(size)).flatten()
+
+    def permuted(value: Any) -> Any:
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            return value
+        if isinstance(value, torch.Tensor):
+            return value[permutation]
+        return [value[i] for i in permutation]
+
+    return {key: permuted(value) for key, value in batch.items()}
+
+
+@contextmanager
+def groups_kept_together(size: int):
+    """While TRL prepares a generation batch, its shuffle is :func:`shuffle_groups` (groups of ``size`` rows)."""
+    from trl.trainer import grpo_trainer
+
+    trls = grpo_trainer.shuffle_sequence_dict
+    grpo_trainer.shuffle_sequence_dict = lambda batch: shuffle_groups(batch, size)
+    try:
+        yield
+    finally:
+        grpo_trainer.shuffle_sequence_dict = trls
+
+
 def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Each completion's reward as TRL sums it (the weighted functions that scored it; NaN where none did).
 
@@ -1108,6 +1150,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._step_trains = False  # some micro-batch of the current optimizer step came from such a batch
         self.skipped_empty_steps = 0  # optimizer steps skipped: dynamic sampling kept no group for them
         self._tool_suffixes: dict[tuple, list[int]] = {}  # each distinct tool turn's tokens (_get_tool_suffix_ids)
+        self.keep_groups_together = False  # shuffle a generation batch by whole groups (vision_reuse: shuffle_groups)
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -1205,7 +1248,8 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             metrics[f"dynamic_sampling/all_rounds/{key}"].append(sum(rounds) / len(rounds))
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
-        inputs = super()._prepare_inputs(generation_batch)  # a slice of the last generation batch, in training
+        with groups_kept_together(self.num_generations) if self.keep_groups_together else nullcontext():
+            inputs = super()._prepare_inputs(generation_batch)  # a slice of the last generation batch, in training
         if self.model.training:
             self._step_trains |= self._generation_trains
         return inputs

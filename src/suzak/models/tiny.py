@@ -34,6 +34,8 @@ too) and the model's own chat template, and no processor: ``AutoTokenizer`` and 
     suzak tiny --output outputs/tiny-qwen3-vl --family qwen3_vl
     suzak tiny --output outputs/tiny-vllm --vllm                       # head_dim 32: what vLLM's CPU build runs
     suzak tiny --output outputs/tiny-qwen2.5 --family qwen2_5_text             # a text-only causal LM
+    suzak tiny --output outputs/tiny-wide --hidden_size 256 --num_hidden_layers 4 --intermediate_size 1024 \
+        --vision_depth 4 --vision_hidden_size 128 --vision_intermediate_size 256   # bench/bench_vision_reuse.py's
 """
 
 from __future__ import annotations
@@ -474,13 +476,21 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"text width (default {TinyConfig.hidden_size}; any multiple of the attention heads, the "
                         "M-RoPE sections follow from the head dimension)")  # fmt: skip
     parser.add_argument("--num_hidden_layers", type=int, default=TinyConfig.num_hidden_layers)
+    parser.add_argument("--intermediate_size", type=int, default=TinyConfig.intermediate_size, help="text MLP width")
+    parser.add_argument("--vision_depth", type=int, default=TinyConfig.vision_depth, help="vision tower blocks")
+    parser.add_argument("--vision_hidden_size", type=int, default=TinyConfig.vision_hidden_size,
+                        help="vision tower width (its 2 heads split it)")  # fmt: skip
+    parser.add_argument("--vision_intermediate_size", type=int, default=TinyConfig.vision_intermediate_size,
+                        help="vision MLP width")  # fmt: skip
     parser.add_argument("--vocab_size", type=int, default=TinyConfig.vocab_size, help="BPE vocabulary size")
     parser.add_argument("--family", default=DEFAULT_FAMILY, choices=list(FAMILIES),
                         help=f"the Qwen VL generation to build, or a text-only Qwen ({', '.join(TEXT)}; default "
                         f"{DEFAULT_FAMILY})")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    sizes = {"seed": args.seed, "num_hidden_layers": args.num_hidden_layers, "vocab_size": args.vocab_size}
+    sizes = {"seed": args.seed, "num_hidden_layers": args.num_hidden_layers, "vocab_size": args.vocab_size,
+             "intermediate_size": args.intermediate_size, "vision_depth": args.vision_depth,
+             "vision_hidden_size": args.vision_hidden_size, "vision_intermediate_size": args.vision_intermediate_size}  # fmt: skip
     if args.hidden_size is not None:
         sizes["hidden_size"] = args.hidden_size
     try:

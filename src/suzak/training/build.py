@@ -173,6 +173,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         sampler_guard=SamplerGuard(suzak_args.sampler_check_steps, suzak_args.sampler_logp_tolerance),
         opening_in_completion=suzak_args.opening_in_completion,
         dynamic_sampling=sampling,
+        vision_reuse=suzak_args.vision_reuse,
         **toolset.trainer_kwargs(),
         **trainer_kwargs,
     )

@@ -54,7 +54,7 @@ class SuzakArguments(VideoBudgetArguments):
     > Parameters that control the prompt and the pixel budget: ``prompt_template``, ``opening_in_completion``,
     ``min_pixels``, ``max_pixels``
 
-    > Parameters that control the vision tower: ``freeze_vision_tower``, ``quantize_vision_tower``
+    > Parameters that control the vision tower: ``freeze_vision_tower``, ``vision_reuse``, ``quantize_vision_tower``
 
     > Parameters that control the rewards: ``rewards``, ``reward_kwargs``, ``preflight_rows``
 
@@ -140,6 +140,12 @@ class SuzakArguments(VideoBudgetArguments):
     # > Parameters that control the vision tower
 
     freeze_vision_tower: bool = field(default=False, metadata={"help": "Do not train the vision encoder."})
+    vision_reuse: bool = field(
+        default=True,
+        metadata={"help": "Encode each distinct image (or clip) once per forward pass and share its features with the "
+                          "rows that show it (a GRPO group repeats its image num_generations times); gradients are "
+                          "exactly the unshared path's (docs/vision_reuse.md)."},
+    )  # fmt: skip
     quantize_vision_tower: bool = field(
         default=False,
         metadata={"help": "With load_in_4bit/load_in_8bit: quantize the vision encoder too (default: it stays in the "

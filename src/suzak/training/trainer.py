@@ -54,6 +54,7 @@ from suzak.media.vision import (
 from suzak.models.positions import use_qwen_video_positions
 from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
+from suzak.models.vision_reuse import share_vision_encodings
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.scoring.prompts import template_opening
@@ -117,6 +118,9 @@ class VLMGRPOTrainer(GRPOHooks):
             opening of the assistant turn (Qwen3.5's ``<think>\\n``, :func:`suzak.scoring.prompts.template_opening`);
             without it, a template that opens the answer format's first tag stops the run before step 1.
         dynamic_sampling: DAPO's dynamic sampling (:class:`suzak.trl_internals.DynamicSampling`); None: off.
+        vision_reuse: each distinct image or clip of a forward pass encoded once, its features shared by the rows that
+            show it (:mod:`suzak.models.vision_reuse`), and micro-batches cut by whole groups; ``vision/encoded_fraction``
+            logs the images encoded over those handed to the policy's tower since the last log.
 
     ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
     (:func:`suzak.trl_internals.completion_rows`); set the same list on every rank.
@@ -133,6 +137,7 @@ class VLMGRPOTrainer(GRPOHooks):
         sampler_guard: SamplerGuard | None = None,
         opening_in_completion: bool = False,
         dynamic_sampling: DynamicSampling | None = None,
+        vision_reuse: bool = True,
         **kwargs,
     ):
         use_qwen_video_positions()  # before TRL loads a reference model
@@ -143,6 +148,12 @@ class VLMGRPOTrainer(GRPOHooks):
             )
         super().__init__(*args, **kwargs)
         self.sampler_guard = sampler_guard or self.sampler_guard
+        # each distinct image encoded once per forward pass, in every model TRL runs (policy, reference)
+        self.vision_reuse = share_vision_encodings(self.model) if vision_reuse else None
+        if self.vision_reuse is not None and getattr(self, "ref_model", None) is not None:
+            share_vision_encodings(self.ref_model)
+        # micro-batches of whole groups: each holds a group's image once (TRL's shuffle would spread its rows)
+        self.keep_groups_together = self.vision_reuse is not None
         self.dynamic_sampling = dynamic_sampling
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
         self.video_budget = (video_budget or VideoBudget()).for_model(self.processing_class)
@@ -237,6 +248,17 @@ class VLMGRPOTrainer(GRPOHooks):
             return None
         rows = gather_object([row[SOURCE_COLUMN] for row in inputs])
         return torch.tensor([[source is None or source == row for source in sources] for row in rows])
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        """With ``vision_reuse``, each training log adds ``vision/encoded_fraction``: of the images and clips handed
+        to the policy's vision tower since the last log (HF generation's prefill, the policy's passes; the reference
+        model's tower shares alike), the fraction it encoded (1/num_generations where each micro-batch holds whole
+        groups; docs/vision_reuse.md)."""
+        if self.vision_reuse is not None and "loss" in logs:
+            images, encoded = self.vision_reuse.take()
+            if images:
+                logs["vision/encoded_fraction"] = encoded / images
+        super().log(logs, *args, **kwargs)
 
     def batch_metrics(self, inputs: list[dict[str, Any]], rewards: torch.Tensor, lengths: list[int] | None
                       ) -> dict[str, float]:  # fmt: skip
