@@ -137,3 +137,19 @@ def test_dynamic_sampling_bench_runs_both_settings(tmp_path, run_env):
     batch = 3 * 128 * 2  # 3 steps of 128 completions of at most 2 tokens
     assert 0.9 * batch < rows[False]["tokens"] <= batch < rows[True]["tokens"] <= 2 * batch
     assert 0 <= rows[True]["final_heldout"] <= 1 and "| sparse | True |" in out.stdout
+
+
+@pytest.mark.slow
+def test_vision_reuse_bench_runs_both_settings_and_prints_its_recorded_rows(tmp_path, run_env):
+    """bench/bench_vision_reuse.py: a row with and without vision_reuse (the shared run encoding one image in 8),
+    and its table of the committed rows (docs/benchmarks.md#vision-reuse)."""
+    results = tmp_path / "reuse.jsonl"
+    out = _run("bench_vision_reuse.py", "--steps", "3", "--prompts", "1", "--image_tokens", "2", "--results",
+               str(results), env=run_env).stdout  # fmt: skip
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["vision_reuse"] for r in rows] == [False, True] and [r["encoded_fraction"] for r in rows] == [1.0, 0.125]
+    assert rows[1]["vision_gflops_per_step"] == pytest.approx(rows[0]["vision_gflops_per_step"] / 8)
+    assert rows[0]["flops_ratio"] == 0.92 and "this shape 0.920, Qwen2.5-VL-3B 0.924" in out
+    recorded = ROOT / "bench" / "results_vision_reuse.jsonl"
+    table = _run("bench_vision_reuse.py", "--table", str(recorded), env=run_env).stdout
+    assert len(table.splitlines()) == 2 + len(recorded.read_text().splitlines()) and "| True |" in table
