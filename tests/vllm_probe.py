@@ -71,7 +71,10 @@ def _count_encoded(model) -> None:
 
 
 def _taken_count(model) -> int:
+    """The images vLLM's tower encoded since the last call (0 for a text model: no tower)."""
     tower = getattr(model, "visual", None)
+    if tower is None:
+        return 0
     count, tower.probe_encoded = tower.probe_encoded, 0
     return count
 
