@@ -87,7 +87,7 @@ def _before(tower, args: tuple, kwargs: dict):
         if len(distinct) < len(patches):
             starts = _offsets(patches)
             pixels = torch.cat([hidden[starts[i] : starts[i] + patches[i]] for i in distinct])
-            plan = ([patches[i] for i in distinct], which, int(getattr(tower, "spatial_merge_size", 2)))
+            plan = ([patches[i] for i in distinct], which, int(getattr(tower, "spatial_merge_size", 2)), pixels.device)
             grid = grid[distinct]
             if positional:
                 call = ((pixels, grid, *args[2:]), kwargs)
@@ -139,11 +139,11 @@ def _distinct(pixels: torch.Tensor, grid_thw: torch.Tensor, patches: list[int]) 
     return distinct, which
 
 
-def _gathered(out: Any, sizes: list[int], which: list[int], merge: int) -> Any:
+def _gathered(out: Any, sizes: list[int], which: list[int], merge: int, device: torch.device) -> Any:
     """``out`` of the tower on the distinct images (``sizes`` patches each), each per-patch or per-merged-token output
     gathered back to every image (``which``: the distinct picture each shows)."""
-    per_patch = _index(sizes, which, _out_device(out))
-    merged = _index([size // merge**2 for size in sizes], which, _out_device(out))
+    per_patch = _index(sizes, which, device)
+    merged = _index([size // merge**2 for size in sizes], which, device)
     total = sum(sizes)
 
     def gather(value):
@@ -162,17 +162,6 @@ def _gathered(out: Any, sizes: list[int], which: list[int], merge: int) -> Any:
             out[key] = gather(out[key])
         return out
     return gather(out)
-
-
-def _out_device(out: Any) -> torch.device:
-    """The device of the first tensor in a tower's output."""
-    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
-    for value in values:
-        if torch.is_tensor(value):
-            return value.device
-        if isinstance(value, (list, tuple)) and value and torch.is_tensor(value[0]):
-            return value[0].device
-    return torch.device("cpu")
 
 
 def _index(sizes: list[int], which: list[int], device: torch.device) -> torch.Tensor:
