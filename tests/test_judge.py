@@ -88,12 +88,52 @@ def _a_judge_that_cannot_tell_right_from_wrong_stops_before_step_1(picture_judge
         r"the prompt\)", errors[0]), errors  # fmt: skip
 
 
+def _a_judge_scores_its_own_source_in_a_mixture(picture_judge, run_env, tmp_path):
+    """A mixture with a judged source beside a rule-scored one (``suzak train``, 2 steps): the judge (awaited by TRL,
+    so its routed wrapper is awaited too) scores its own source's rows alone, its cost is logged, and the held-out
+    eval counts its source's answers correct above one half. The picture judge asks about the picture alone, so it
+    cannot pass the judge pre-flight (the check above): ``preflight_rows: 0`` here."""
+    import csv
+
+    import yaml
+
+    from conftest import run_ok
+
+    folder, _ = picture_judge
+    judged = {"name": "judged", "dataset": "color_squares", "options": {"num_rows": 32, "seed": 1},
+              "prompt_template": "plain", "rewards": ["judge"],
+              "reward_kwargs": {"judge": picture_judge_settings(folder, FACTOR)}}  # fmt: skip
+    ruled = {"name": "ruled", "dataset": "color_squares", "options": {"num_rows": 32, "seed": 2},
+             "prompt_template": "plain", "rewards": ["word_match"]}  # fmt: skip
+    recipe = yaml.safe_load((ROOT / "recipes" / "mixture_smoke.yaml").read_text())
+    recipe |= {"datasets": [judged, ruled], "preflight_rows": 0, "max_steps": 2, "eval_steps": 2,
+               "output_dir": str(tmp_path / "mixed")}  # fmt: skip
+    (tmp_path / "mixed.yaml").write_text(yaml.safe_dump(recipe))
+    run_ok([sys.executable, "-m", "suzak.train", "--config", str(tmp_path / "mixed.yaml")], run_env)
+    with open(tmp_path / "mixed" / "metrics.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    steps = [row for row in rows if row.get("reward")]
+    assert len(steps) == 2 and all(0 <= float(row["rewards/judged/judge/mean"]) <= 1 for row in steps), steps
+    assert all(float(row["judge/calls"]) > 0 for row in steps if row.get("sources/judged/rows"))
+    with open(tmp_path / "mixed" / "completions.csv", newline="") as file:
+        completions = list(csv.DictReader(file))
+    assert {row["source"] for row in completions} == {"judged", "ruled"}
+    assert all((row["reward/judged/judge"] == "") == (row["source"] == "ruled") for row in completions)
+    # 8 held-out squares of each source, each scored by its own source's first reward (the untrained policy's greedy
+    # answers are blank, which a judge scores 0 without a call: which scores count is the unit test below)
+    evals = [row for row in rows if row.get("eval/accuracy")]
+    assert [row["step"] for row in evals] == ["0", "2"] and all(
+        float(row["eval/accuracy"]) == pytest.approx((float(row["eval/judged/accuracy"]) +
+                                                      float(row["eval/ruled/accuracy"])) / 2) for row in evals)  # fmt: skip
+
+
 def test_the_local_picture_judge(picture_judge, run_env, tmp_path):
     """The checks on one trained picture judge (``picture_judge``, ~30 s), in one test so that it is trained once
     (dealt one at a time to two workers, tests sharing a module fixture train it on both)."""
     _a_local_judge_sees_the_picture_at_its_own_budget(picture_judge)
     _the_reward_asks_each_distinct_question_once_and_logs_its_cost(picture_judge)
     _a_judge_that_cannot_tell_right_from_wrong_stops_before_step_1(picture_judge, run_env, tmp_path)
+    _a_judge_scores_its_own_source_in_a_mixture(picture_judge, run_env, tmp_path)
 
 
 def _closed_port() -> int:
@@ -168,10 +208,14 @@ def test_the_held_out_eval_counts_a_judges_answer_correct_above_one_half():
     correct above one half, rule rewards at 1.0 as before."""
     from suzak.runs.generation_eval import GenerationEvalCallback
 
-    judged = GenerationEvalCallback([], resolve_reward("judge", {"model": "j"}), None, eval_steps=1)
-    ruled = GenerationEvalCallback([], resolve_reward("word_match"), None, eval_steps=1)
+    judge, word_match = resolve_reward("judge", {"model": "j"}), resolve_reward("word_match")
+    judged = GenerationEvalCallback([], judge, None, eval_steps=1)
+    ruled = GenerationEvalCallback([], word_match, None, eval_steps=1)
     assert [judged._correct({}, s) for s in (0.7, 0.5, None)] == [True, False, False]
     assert [ruled._correct({}, s) for s in (1.0, 0.7)] == [True, False]
+    # a mixture: each row by its source's scorer
+    mixed = GenerationEvalCallback([], word_match, None, eval_steps=1, scorers={"a": judge, "b": word_match})
+    assert [mixed._correct({"source": source}, 0.7) for source in ("a", "b")] == [True, False]
 
 
 def test_the_judge_recipe_names_a_served_judge_whose_settings_resolve():

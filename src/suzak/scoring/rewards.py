@@ -65,6 +65,8 @@ __all__ = [
     "gsm8k_accuracy",
     "gsm8k_format",
     "gold_parser",
+    "base_reward",
+    "is_async",
     "is_judge",
     "judge",
     "math_accuracy",
@@ -112,23 +114,46 @@ def _checks_kwargs(check: Callable[[dict], None]) -> Callable[[Callable], Callab
     return mark
 
 
-def reads_rollout(reward: Callable) -> bool:
-    """True for a reward marked by ``_reads_rollout`` (also through recipe kwargs).
+def base_reward(reward: Callable) -> Callable:
+    """The registry's function under a reward's wrappers: recipe kwargs (``functools.partial``), a mixture's
+    :func:`routed`, :func:`read_after_opening` (both keep it as ``__wrapped__``), in any order and depth.
 
-    >>> reads_rollout(zoom_used), reads_rollout(word_match)
-    (True, False)
+    >>> counted = resolve_reward("clevr_count", {"answer_format": "plain"})
+    >>> base_reward(read_after_opening(routed(counted, "a"), "<t>")) is clevr_count
+    True
     """
-    return bool(getattr(getattr(reward, "func", reward), "reads_rollout", False))
+    while True:
+        inner = getattr(reward, "__wrapped__", None) or (reward.func if isinstance(reward, functools.partial) else None)
+        if inner is None:
+            return reward
+        reward = inner
+
+
+def is_async(reward: Callable) -> bool:
+    """True when ``reward`` is awaited (``judge``): TRL runs such rewards in its event loop, so every wrapper of one
+    must be a coroutine function too."""
+    return inspect.iscoroutinefunction(reward.func if isinstance(reward, functools.partial) else reward)
+
+
+def reads_rollout(reward: Callable) -> bool:
+    """True for a reward marked by ``_reads_rollout`` (also through recipe kwargs and wrappers).
+
+    >>> reads_rollout(zoom_used), reads_rollout(routed(zoom_used, "a")), reads_rollout(word_match)
+    (True, True, False)
+    """
+    return bool(getattr(base_reward(reward), "reads_rollout", False))
 
 
 def is_judge(reward: Callable) -> bool:
-    """True for a reward a model scores (``judge``, also through recipe kwargs): its score of an ideal answer is a
-    probability, not 1.0, so the pre-flight asks it to prefer the right answer over a wrong one instead.
+    """True for a reward a model scores (``judge``, also through recipe kwargs and wrappers): its score of an ideal
+    answer is a probability, not 1.0, so the pre-flight asks it to prefer the right answer over a wrong one instead,
+    and the held-out eval counts it correct above one half.
 
-    >>> is_judge(resolve_reward("judge", {"model": "judge"})), is_judge(word_match)
-    (True, False)
+    >>> judged = resolve_reward("judge", {"model": "judge"})
+    >>> is_judge(judged), is_judge(read_after_opening(routed(judged, "a"), "<think>\\n")), is_judge(word_match)
+    (True, True, False)
     """
-    return getattr(reward, "func", reward) is judge
+    return base_reward(reward) is judge
 
 
 def gold_parser(reward: Callable) -> Callable[[str], Any] | None:
@@ -139,7 +164,7 @@ def gold_parser(reward: Callable) -> Callable[[str], Any] | None:
     >>> gold_parser(think_format) is None
     True
     """
-    return getattr(getattr(reward, "func", reward), "gold_parser", None)
+    return getattr(base_reward(reward), "gold_parser", None)
 
 
 def _golds(solution: list, parse: Callable, reward: str) -> list:
@@ -728,7 +753,7 @@ def read_after_opening(reward: Callable, opening: str) -> Callable:
     def opened(completions: list) -> list:
         return [with_opening(c, opening) for c in completions]
 
-    if inspect.iscoroutinefunction(getattr(reward, "func", reward)):
+    if is_async(reward):
 
         async def wrapper(completions, *args, **kwargs):
             return await reward(*args, completions=opened(completions), **kwargs)
@@ -779,16 +804,12 @@ def routed(func: Callable, source: str) -> Callable:
     """
     name = f"{source}/{func.__name__}"
 
-    @functools.wraps(func)
-    def score(**kwargs: Any) -> list[float | None]:
+    def split(kwargs: dict) -> tuple[list[int], int, dict]:
         sources = kwargs.get(SOURCE_COLUMN)
         if sources is None:
             raise SuzakError(f"reward {name}: the rows carry no {SOURCE_COLUMN!r} column (a mixture's rows do)")
         count = len(sources)
         mine = [i for i, row_source in enumerate(sources) if row_source == source]
-        scores: list[float | None] = [None] * count
-        if not mine:
-            return scores
         sub = {}
         for key, value in kwargs.items():
             if key in _SHARED_KWARGS:
@@ -799,9 +820,26 @@ def routed(func: Callable, source: str) -> Callable:
                 sub[key] = [value[i] for i in mine]
             else:
                 sub[key] = value
-        for i, value in zip(mine, func(**sub), strict=True):
+        return mine, count, sub
+
+    def scattered(mine: list[int], count: int, values: list) -> list[float | None]:
+        scores: list[float | None] = [None] * count
+        for i, value in zip(mine, values, strict=True):
             scores[i] = value
         return scores
+
+    if is_async(func):  # the judge: awaited by TRL, so the wrapper is a coroutine function too
+
+        @functools.wraps(func)
+        async def score(**kwargs: Any) -> list[float | None]:
+            mine, count, sub = split(kwargs)
+            return scattered(mine, count, await func(**sub) if mine else [])
+    else:
+
+        @functools.wraps(func)
+        def score(**kwargs: Any) -> list[float | None]:
+            mine, count, sub = split(kwargs)
+            return scattered(mine, count, func(**sub) if mine else [])
 
     score.__name__ = score.__qualname__ = name
     score.source = source  # the rows it scores (the trainer counts its None and NaN over them alone)
