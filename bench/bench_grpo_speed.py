@@ -290,6 +290,8 @@ def measure(spec: Spec) -> dict:
         "steps": spec.steps, "warmup": spec.warmup, "params": params, "extra_forwards": forwards,
         "beta": trainer.beta, "deepspeed": Path(grpo_args.deepspeed).stem if grpo_args.deepspeed else "none",
         "overrides": " ".join(spec.overrides), "torch_threads": torch.get_num_threads(),
+        "memory_cap_gib": suzak_args.gpu_memory_gib, "optim": str(getattr(grpo_args.optim, "value", grpo_args.optim)),
+        "vllm_sleep_mode": bool(grpo_args.use_vllm and grpo_args.vllm_enable_sleep_mode),
     }  # fmt: skip
 
 

@@ -4,6 +4,7 @@ the choices it makes for the shapes and machines those rows came from."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -116,3 +117,66 @@ def test_deepspeed_auto_picks_a_config_on_a_gpu(monkeypatch, caplog):
     assert _resolve_auto_deepspeed(namespace, ["--x"]) == ["--x", "--deepspeed", "ds_configs/zero2.json"]
     assert "deepspeed auto -> ds_configs/zero2.json: predicted peak 3 GiB of 80 GiB per GPU" in caplog.text
     assert _resolve_auto_deepspeed(Namespace(deepspeed="ds_configs/zero3.json"), ["--x"]) == ["--x"]
+
+
+def test_an_8bit_optimizer_and_vllms_sleep_mode_are_counted_and_suggested(shapes):
+    """The optimizer term is ZeRO-2's fp32 master weights and gradients (8 bytes a parameter) plus the optimizer's
+    state by ``optim`` (AdamW 8, 8-bit AdamW 2); with vLLM's sleep mode its share and the training pass's
+    activations are not held at once. Where AdamW's state does not fit, the plan says which of the two would."""
+    from dataclasses import replace
+
+    from suzak.models.memory import GIB, activation_gib, optimizer_gib, optimizer_state_bytes
+
+    three, h100 = shapes["3b"], GPU_GIB["NVIDIA H100 80GB HBM3"]
+    adamw = Workload(64, 177, 256, 0.0, 0.3)
+    eight_bit = replace(adamw, optimizer_state_bytes=optimizer_state_bytes("adamw_bnb_8bit"))
+    asleep = replace(adamw, vllm_sleeps=True)
+    assert optimizer_gib(three, adamw) == pytest.approx(16 * three.params / GIB)
+    assert peak_gib(three, adamw, "zero2", h100) - peak_gib(three, eight_bit, "zero2", h100) == pytest.approx(
+        6 * three.params / GIB)  # fmt: skip
+    vllm, activations = 0.3 * h100, activation_gib(three, adamw)
+    assert peak_gib(three, adamw, "zero2", h100) - peak_gib(three, asleep, "zero2", h100) == pytest.approx(
+        vllm + activations - max(vllm, activations))  # fmt: skip
+    # 3B, 64 completions, vLLM colocated, beta 0 on an H100: AdamW's state goes to host RAM; both changes keep it
+    plan = choose(three, adamw, h100, host_ram_gib=125)
+    assert plan.deepspeed == "zero2_offload" and re.search(
+        r"\(with vllm_enable_sleep_mode: true and optim: adamw_bnb_8bit it would stay on the GPU: \d+ GiB\)",
+        plan.why), plan.why  # fmt: skip
+    both = choose(three, replace(eight_bit, vllm_sleeps=True), h100, host_ram_gib=125)
+    assert (both.deepspeed, both.fits) == ("zero2", True)
+    # HF generation (no vLLM to put to sleep): the 8-bit state alone is the suggestion
+    hf = choose(three, Workload(8, 178, 256, 0.04), h100, host_ram_gib=125)
+    assert "(with optim: adamw_bnb_8bit it would stay on the GPU" in hf.why and "sleep" not in hf.why
+    # 7B on one H100: nothing keeps it on the GPU, and no suggestion is made
+    assert "would stay on the GPU" not in choose(shapes["7b"], Workload(8, 178, 256, 0.04), h100, 125).why
+
+
+def test_gpu_memory_gib_caps_torch_and_the_plan_and_its_mistakes_are_one_line(monkeypatch, caplog):
+    """``gpu_memory_gib``: torch's allocator capped to it (its fraction of the card), ``deepspeed auto`` planning
+    against it with vLLM's share still a fraction of the card; a cap above the card, at 0, or without a GPU is one
+    line."""
+    from argparse import Namespace
+
+    import torch
+
+    from suzak.models.memory import cap_gpu_memory
+    from suzak.training.configs import _resolve_auto_deepspeed, parse_args
+
+    with pytest.raises(SuzakError, match=r"^gpu_memory_gib 80: no GPU here; leave it unset on the CPU$"):
+        parse_args(["--config", "recipes/smoke.yaml", "--gpu_memory_gib", "80"])
+    capped = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: Namespace(total_memory=140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: capped.append((f, d)))
+    assert cap_gpu_memory(80, 0) == pytest.approx(80 / 140) and capped == [(pytest.approx(80 / 140), 0)]
+    for gib, said in ((150, r"gpu_memory_gib 150 is more than GPU 0 has \(140.0 GiB\)"), (0, "must be above 0")):
+        with pytest.raises(SuzakError, match=said):
+            cap_gpu_memory(gib, 0)
+    caplog.set_level("INFO")
+    recipe = dict(deepspeed="auto", model_name_or_path="tiny", model_revision="main", use_vllm=True,
+                  vllm_mode="colocate", per_device_train_batch_size=8, max_pixels=401408, max_completion_length=256,
+                  beta=0.0, gradient_checkpointing=True, use_peft=False, vllm_gpu_memory_utilization=0.3 * 80 / 140)  # fmt: skip
+    _resolve_auto_deepspeed(Namespace(**recipe, gpu_memory_gib=80.0), [])
+    _resolve_auto_deepspeed(Namespace(**recipe), [])
+    capped_line, card_line = re.findall(r"predicted peak (\d+) GiB of (\d+) GiB", caplog.text)
+    assert capped_line[1] == "80" and card_line[1] == "140" and capped_line[0] == card_line[0]

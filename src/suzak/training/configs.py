@@ -71,6 +71,8 @@ class SuzakArguments(VideoBudgetArguments):
     > Parameters that control faults, stops and resume: ``on_nonfinite``, ``stop_signals``,
     ``rank_failure_timeout``, ``checkpoint_mirror``, ``resume_override``
 
+    > Parameters that control GPU memory: ``gpu_memory_gib``
+
     > Parameters that control logging and release: ``log_metrics_dict``, ``release_dry_run``
     """
 
@@ -267,6 +269,15 @@ class SuzakArguments(VideoBudgetArguments):
             "saved state means (batch size, num_generations, model, dataset, learning-rate schedule)."
         },
     )
+
+    # > Parameters that control GPU memory
+
+    gpu_memory_gib: float | None = field(
+        default=None,
+        metadata={"help": "Use at most this many GiB of each GPU: torch's allocator is capped to it and deepspeed "
+                          "auto plans against it (a GPU shared with another job; an H200 standing in for an H100: "
+                          "80). vllm_gpu_memory_utilization stays a fraction of the whole card. None: the card's."},
+    )  # fmt: skip
 
     # > Parameters that control logging and release
 
@@ -516,6 +527,7 @@ def _parse(config_class, argv: list[str] | None):
     namespace, unknown = parser.parse_known_args(full_argv(flags))  # argparse only: no config object built yet
     _check_flags(unknown, names)
     _check_generation_batch(namespace)
+    _cap_gpu_memory(namespace)
     flags = _resolve_auto_deepspeed(namespace, flags)
     try:
         suzak_args, config, model_args = parser.parse_args_and_config(
@@ -596,6 +608,17 @@ def _check_tools(suzak_args: SuzakArguments, config) -> None:
     if suzak_args.tools and getattr(config, "max_tool_calling_iterations", 0) is None:
         logger.info("tools: max_tool_calling_iterations is unset, so a rollout calls tools until it answers or "
                     "reaches max_completion_length (%s tokens)", config.max_completion_length)  # fmt: skip
+
+
+def _cap_gpu_memory(namespace) -> None:
+    """``gpu_memory_gib``: this rank's GPU capped to it (:func:`suzak.models.memory.cap_gpu_memory`), before anything
+    is allocated on it."""
+    gib = getattr(namespace, "gpu_memory_gib", None)
+    if gib is None:
+        return
+    from suzak.models.memory import cap_gpu_memory
+
+    cap_gpu_memory(gib, int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def _resolve_auto_deepspeed(namespace, flags: list[str]) -> list[str]:
