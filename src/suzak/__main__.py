@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("suzak.train", "GRPO training from a YAML recipe (TRL's GRPOConfig flags and suzak's)"),
     "sft": ("suzak.sft", "supervised fine-tuning from a recipe (a warm start before GRPO)"),
     "eval": ("suzak.eval.cli", "evaluate a model (--task superclevr, geoqa, jsonl, rec, ...; HF or vLLM), or rescore"),
+    "heldout": ("suzak.training.heldout", "a recipe's held-out eval (each mixture source by its own reward) on a checkpoint"),
     "selftest": ("suzak.selftest", "prove training learns through the images, on the offline tiny model"),
     "watch": ("suzak.watch", "follow a run's output folder: progress, reward curve, newest completions"),
     "tiny": ("suzak.models.tiny", "write the offline tiny model of a Qwen VL family (tests, demos)"),

@@ -1,0 +1,125 @@
+"""``suzak heldout``: a GRPO recipe's held-out evaluation, on any checkpoint.
+
+The rows the recipe holds out (``eval_rows``; a mixture: each source's own), each scored by its source's first
+reward, at the budgets, template and tools the run trains with, answered greedily by the evaluation's HF engine:
+exactly what training logs as ``eval/accuracy`` and ``eval/<source>/accuracy`` (the same code,
+:class:`suzak.runs.generation_eval.GenerationEvalCallback`), for a saved run, a ``checkpoint-N``, a LoRA adapter, the
+base model or another run's model. For a task with a benchmark of its own (SuperCLEVR, GeoQA, RefCOCO, ...) use
+``suzak eval``; this is the recipe's own yardstick, per source, for tasks that have none (a judge-scored source, a
+procedural one).
+
+    suzak heldout --config recipes/mixture_smoke.yaml --model_path outputs/mixture-smoke/checkpoint-300
+
+Prints each source's accuracy and writes a JSON of the figures and every row's prompt, answer, gold and verdict
+(``--output_path``; default ``logs/heldout_<recipe>_<model>.json``). Any recipe field may follow as a flag
+(``--eval_rows 64``, ``--eval_max_new_tokens 512``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from suzak import SuzakError
+
+__all__ = ["evaluate_heldout", "main"]
+
+logger = logging.getLogger(__name__)
+
+OWN_FLAGS = ("--model_path", "--output_path")
+USAGE = ("usage: suzak heldout --config RECIPE [--model_path PATH] [--output_path FILE] [RECIPE FLAGS...]  (the "
+         "recipe's flags: suzak train --help)")  # fmt: skip
+
+
+def _own_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(``--model_path``/``--output_path`` values, the recipe's flags).
+
+    >>> _own_flags(["--config", "r.yaml", "--model_path", "out/ckpt", "--eval_rows", "8"])
+    ({'--model_path': 'out/ckpt'}, ['--config', 'r.yaml', '--eval_rows', '8'])
+    """
+    own, rest, items = {}, [], iter(argv)
+    for flag in items:
+        name, sep, value = flag.partition("=")
+        if name in OWN_FLAGS:
+            value = value if sep else next(items, None)
+            if not value:
+                raise SuzakError(f"{name} needs a value")
+            own[name] = value
+        else:
+            rest.append(flag)
+    return own, rest
+
+
+def _default_output(recipe: str | None, model_path: str) -> Path:
+    model = Path(model_path.rstrip("/")).name or model_path.replace("/", "_")
+    return Path("logs") / f"heldout_{Path(recipe).stem if recipe else 'recipe'}_{model}.json"
+
+
+def evaluate_heldout(argv: list[str]) -> dict:
+    """The held-out figures of ``argv``'s recipe on its ``--model_path`` (default: the recipe's model), written to
+    the output JSON; returns what it wrote."""
+    from suzak.eval.models import load_eval_model
+    from suzak.models.loading import adapter_base, resolve_model_path
+    from suzak.models.tools import resolve_tools
+    from suzak.training.build import RunInputs, build_datasets, eval_callback
+    from suzak.training.configs import _split_config, parse_args
+
+    own, flags = _own_flags(argv)
+    model_path = own.get("--model_path")
+    if model_path is not None:  # the model's config (patch size, family) for the budgets: an adapter's is its base's
+        local = Path(resolve_model_path(model_path))
+        flags += ["--model_name_or_path", (adapter_base(local) if local.is_dir() else None) or model_path]
+    suzak_args, args, model_args = parse_args([*flags, "--eval_steps", "1"])  # one evaluation: no cadence to check
+    model_path = model_path or model_args.model_name_or_path
+    inputs = RunInputs.read(suzak_args, model_args)
+    _, heldout = build_datasets(suzak_args, args, inputs)
+    if not heldout:
+        raise SuzakError("the recipe holds out no rows (eval_rows 0): set eval_rows (e.g. --eval_rows 64)")
+    toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
+                            suzak_args.tool_max_visual_tokens)  # fmt: skip
+    model, processing_class = load_eval_model(model_path)
+    callback = eval_callback(suzak_args, args, heldout, inputs.scorer, processing_class, inputs.budget,
+                             inputs.video_budget, toolset, inputs.scorers)  # fmt: skip
+    accuracy, table = callback.evaluate(model, step=0)
+    sources = {name.split("/")[1]: value for name, value in callback.figures.items()
+               if name.startswith("eval/") and name.endswith("/accuracy")}  # fmt: skip
+    counts = {name: sum(row.get("source") == name for row in heldout) for name in sources}
+    payload = {
+        "recipe": _split_config(argv)[0],
+        "model_path": model_path,
+        "rows": len(table),
+        "accuracy": accuracy,
+        "sources": {name: {"rows": counts[name], "accuracy": value} for name, value in sources.items()},
+        "figures": callback.figures,
+        "results": [dict(zip(("index", "prompt", "output", "gold", "correct"), row[1:], strict=True)) for row in table],
+    }
+    return payload
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(flag in ("-h", "--help") for flag in argv):
+        print(USAGE, "", __doc__, sep="\n")
+        raise SystemExit(0)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        payload = evaluate_heldout(argv)
+        own, _ = _own_flags(argv)
+        path = Path(own.get("--output_path") or _default_output(payload["recipe"], payload["model_path"]))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+        except OSError as error:
+            raise SuzakError(f"--output_path {path}: cannot write it ({error.strerror or error})") from None
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"held-out accuracy of {payload['model_path']}: {payload['accuracy']:.4f} on {payload['rows']} rows")
+    for name, figures in payload["sources"].items():
+        print(f"  {name}: {figures['accuracy']:.4f} on {figures['rows']} rows")
+    print(f"results saved to {path}")
+
+
+if __name__ == "__main__":
+    main()
