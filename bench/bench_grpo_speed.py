@@ -176,6 +176,16 @@ def plain_trl_trainer(suzak_args, grpo_args, model_args, callbacks):
                        processing_class=processor, peft_config=get_peft_config(model_args), callbacks=callbacks)  # fmt: skip
 
 
+def training_flops(params: int, trainable: int, forwards: int, tokens: float) -> float:
+    """A step's model FLOPs: forward 2P and the backward's input gradients 2P per token for every weight, the weight
+    gradients 2P for the trained ones only (LoRA's adapters, not its frozen base), 2P per extra forward.
+
+    >>> training_flops(10, 10, 0, 1), training_flops(10, 0, 1, 1)
+    (60, 60)
+    """
+    return (4 * params + 2 * trainable + 2 * forwards * params) * tokens
+
+
 def extra_forwards(trainer) -> int:
     """Forward passes per step besides the policy's own: the reference model (beta > 0) and the old policy, which
     TRL computes when generation and optimisation steps are misaligned or for vLLM's importance sampling."""
@@ -263,7 +273,8 @@ def measure(spec: Spec) -> dict:
     params = sum(p.numel() for p in trainer.model.parameters())
     forwards = extra_forwards(trainer)
     peak, in_use = _peak_memory(spec.device)
-    flops = (6 + 2 * forwards) * params * step_tokens
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    flops = training_flops(params, trainable, forwards, step_tokens)
     gpus = int(os.environ.get("WORLD_SIZE", "1"))
     actor_s = statistics.fmean(s["total"] - s["prepare"] for s in steady)
     config = trainer.model.config
@@ -287,7 +298,8 @@ def measure(spec: Spec) -> dict:
         "gen_s": round(statistics.fmean(s["gen"] for s in steady), 3),
         "score_s": round(statistics.fmean(s["score"] for s in steady), 3),
         "rest_s": round(statistics.fmean(s["total"] - s["gen"] - s["score"] for s in steady), 3),
-        "steps": spec.steps, "warmup": spec.warmup, "params": params, "extra_forwards": forwards,
+        "steps": spec.steps, "warmup": spec.warmup, "params": params, "trainable_params": trainable,
+        "extra_forwards": forwards,
         "beta": trainer.beta, "deepspeed": Path(grpo_args.deepspeed).stem if grpo_args.deepspeed else "none",
         "overrides": " ".join(spec.overrides), "torch_threads": torch.get_num_threads(),
         "memory_cap_gib": suzak_args.gpu_memory_gib, "optim": str(getattr(grpo_args.optim, "value", grpo_args.optim)),
