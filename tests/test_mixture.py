@@ -244,6 +244,28 @@ def test_a_sources_pixel_budget_that_cannot_be_is_one_line_before_the_weights_lo
     assert message.startswith("error: ") and "\n" not in message and said in message, message
 
 
+def test_a_think_answer_source_under_qwen3_5s_thinking_prompt_stops_before_the_weights_load(family_model_dir,
+                                                                                             tmp_path):  # fmt: skip
+    """Qwen3.5's template opens <think> in every generation prompt: a source whose template answers in
+    ``<think>…</think><answer>…</answer>`` would score a format reward of 0 on every row beside sources that learn.
+    The mixture stops in one line naming the source, as a single dataset does; ``opening_in_completion`` or the
+    template's own switch lets it run."""
+    from suzak.train import main
+
+    counting = {"name": "counting", "dataset": "clevr_synthetic", "options": {"num_rows": 16}, "prompt_template": "r1v",
+                "rewards": ["clevr_count", "think_format"]}  # fmt: skip
+    flags = ["--config", "recipes/mixture_smoke.yaml", "--model_name_or_path", str(family_model_dir("qwen3_5")),
+             "--datasets", json.dumps([{**TWO[0], "prompt_template": "plain"}, counting]), "--max_steps", "1",
+             "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        main(flags)
+    message = str(stop.value.code)
+    assert message.startswith("error: source 'counting': the model's chat template ends every generation prompt "
+                              "with <think> (Qwen3.5's thinking mode)") and "\n" not in message, message  # fmt: skip
+    main([*flags, "--chat_template_kwargs", '{"enable_thinking": false}', "--eval_rows", "0"])
+    assert (tmp_path / "run" / "metrics.csv").is_file()
+
+
 @pytest.mark.slow
 def test_two_ranks_build_one_mixture_and_train_disjoint_rows_of_it(tmp_path, run_env):
     """torchrun, 2 CPU ranks (gloo), recipes/mixture_smoke.yaml: both ranks build the same mixture (the same rows in

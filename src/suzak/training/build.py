@@ -155,6 +155,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     train_dataset, heldout = build_datasets(suzak_args, grpo_args, inputs)
     processing_class = load_processor(model_args, for_vllm=grpo_args.use_vllm)
     check_zoom_turn(toolset, processing_class, inputs, grpo_args)
+    check_sources_opening(inputs, processing_class, suzak_args, grpo_args)
     model, processing_class, peft_config = load_policy(suzak_args, grpo_args, model_args, processing_class)
     sampling = None
     if suzak_args.dynamic_sampling:
@@ -181,6 +182,21 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
                                      trainer.pixel_budget, trainer.video_budget, toolset,
                                      inputs.scorers))  # fmt: skip
     return trainer
+
+
+def check_sources_opening(inputs: RunInputs, processing_class, suzak_args, grpo_args) -> None:
+    """A mixture's :func:`suzak.training.checks.check_answer_opening`, each source's template in turn, before the
+    weights load (the trainer checks a single dataset's itself): Qwen3.5's thinking prompt would give a
+    ``think_answer`` source a format reward of 0 on every row, silently, beside sources that learn."""
+    from suzak.training.checks import check_answer_opening
+
+    if suzak_args.opening_in_completion or suzak_args.preflight_rows <= 0:
+        return
+    for source, _, template in inputs.sources:
+        try:
+            check_answer_opening(processing_class, template.answer_format, grpo_args.chat_template_kwargs)
+        except SuzakError as error:
+            raise SuzakError(f"source {source.name!r}: {error}") from None
 
 
 def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
