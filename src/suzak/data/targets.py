@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 
 from suzak import SuzakError
 from suzak.media.boxes import QUESTION_BOXES_COLUMN, model_answer, with_box_frame
@@ -47,15 +48,18 @@ def sft_completion(row: dict, answer_format: str) -> str:
     return render_answer(answer_format, gold)
 
 
-def to_sft_dataset(dataset, answer_format: str, family: str | None = None, budget=None):
+def to_sft_dataset(dataset, answer_format: str | Mapping[str, str], family: str | None = None, budget=None):
     """Add TRL's prompt-completion ``completion`` column (one assistant turn) to a suzak dataset; with the model's
     ``family`` and pixel ``budget``, a grounding row's target boxes are in that model's frame at the size the budget
-    gives its image."""
+    (or the row's own, a mixture source's) gives its image. A mixture's ``answer_format`` is each source's, by name:
+    each row's target is in its own source's format (the row's ``source``)."""
+    from suzak.scoring.rewards import SOURCE_COLUMN
 
     def add_completion(row: dict, index: int) -> dict:
         try:
             framed = with_box_frame(row, family, budget) if budget is not None else row
-            text = sft_completion(framed, answer_format)
+            own = answer_format if isinstance(answer_format, str) else answer_format[row[SOURCE_COLUMN]]
+            text = sft_completion(framed, own)
         except (ValueError, TypeError, KeyError) as error:
             raise SuzakError(f"cannot build the SFT target of row {index}: {error}") from None
         completion = {"completion": [{"role": "assistant", "content": text}]}

@@ -184,6 +184,21 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     return trainer
 
 
+def _check_sft_sources_all_show_images(dataset) -> None:
+    """TRL's SFT collator for a vision-language model puts one image placeholder per image of a row and needs them
+    in every row of a batch: a mixture's text source beside image sources stops it at the first mixed batch. One
+    line, before the weights load (GRPO mixes them: ``suzak.train``)."""
+    from suzak.media.vision import image_columns, images_of
+    from suzak.scoring.rewards import SOURCE_COLUMN
+
+    columns = [*image_columns(dataset.column_names), SOURCE_COLUMN]
+    bare = sorted({row[SOURCE_COLUMN] for row in dataset.select_columns(columns) if not images_of(row)})
+    if bare:
+        raise SuzakError(f"suzak.sft on a mixture: source(s) {', '.join(map(repr, bare))} have rows without an image "
+                         "beside image sources, which TRL's SFT collator cannot batch together: warm-start them in "
+                         "an SFT run of their own (suzak.train's GRPO mixes them)")  # fmt: skip
+
+
 def check_sources_opening(inputs: RunInputs, processing_class, suzak_args, grpo_args) -> None:
     """A mixture's :func:`suzak.training.checks.check_answer_opening`, each source's template in turn, before the
     weights load (the trainer checks a single dataset's itself): Qwen3.5's thinking prompt would give a
@@ -208,10 +223,12 @@ def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     from suzak.trl_internals import SFTHooks
 
     inputs = RunInputs.read(suzak_args, model_args)
-    if inputs.sources:  # each source's targets would need its own answer format (WIP, issue 52)
-        raise SuzakError("datasets: suzak.sft trains one dataset_name; a mixture is for suzak.train (GRPO)")
     dataset, heldout = build_datasets(suzak_args, sft_args, inputs)
-    dataset = to_sft_dataset(dataset, inputs.template.answer_format, inputs.family, inputs.budget)
+    if inputs.sources and image_columns(dataset.column_names):
+        _check_sft_sources_all_show_images(dataset)
+    # a mixture's rows are each in its own source's answer format, as its rewards score them
+    formats = {source.name: template.answer_format for source, _, template in inputs.sources}
+    dataset = to_sft_dataset(dataset, formats or inputs.template.answer_format, inputs.family, inputs.budget)
     if image_columns(dataset.column_names):
         dataset = dataset.map(lambda row: fit_row_images(row, inputs.budget), desc="fit images")
     sft_args.completion_only_loss = True
@@ -226,7 +243,7 @@ def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
         **trainer_kwargs,
     )
     add_first(trainer, eval_callback(suzak_args, sft_args, heldout, inputs.scorer, processing_class, inputs.budget,
-                                     inputs.video_budget))  # fmt: skip
+                                     inputs.video_budget, scorers=inputs.scorers))  # fmt: skip
     return trainer
 
 
