@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import run_ok
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +35,19 @@ def test_heldout_of_a_checkpoint_is_what_training_logs_for_it_source_by_source(t
         logged = next(row for row in csv.DictReader(file) if row.get("eval/accuracy") and row["step"] == "0")
     with open(tmp_path / "run" / "eval_samples.csv", newline="") as file:
         samples = [row for row in csv.DictReader(file) if row["step"] == "0"]
-    assert found["sources"]["colour"]["accuracy"] > 0.5 and found["sources"]["colour"]["rows"] == 8  # it answers
-    assert found["accuracy"] == float(logged["eval/accuracy"])
-    assert {name: figures["accuracy"] for name, figures in found["sources"].items()} == {
-        name: float(logged[f"eval/{name}/accuracy"]) for name in ("colour", "boxes")}  # fmt: skip
-    assert [row["output"] for row in found["results"]] == [row["output"] for row in samples]
-    assert [row["correct"] for row in found["results"]] == [row["correct"] == "True" for row in samples]
+    assert found["sources"]["colour"]["accuracy"] > 50 and found["sources"]["colour"]["total"] == 8  # it answers
+    assert found["accuracy"] == pytest.approx(100 * float(logged["eval/accuracy"]))
+    assert {name: figures["accuracy"] for name, figures in found["sources"].items()} == pytest.approx({
+        name: 100 * float(logged[f"eval/{name}/accuracy"]) for name in ("colour", "boxes")})  # fmt: skip
+    assert [row["model_output"] for row in found["results"]] == [row["output"] for row in samples]
+    assert [row["is_correct"] for row in found["results"]] == [row["correct"] == "True" for row in samples]
+    assert [row["source"] for row in found["results"]] == ["colour"] * 8 + ["boxes"] * 8
     assert found["recipe"] == "recipes/mixture_smoke.yaml" and found["model_path"] == str(sft)
+    # suzak eval's results format: suzak release reads it for the model card
+    from suzak.release.model_card import load_eval_result
+
+    entry = load_eval_result(report, "eval/heldout.json")
+    assert entry.task == "heldout (mixture_smoke)" and entry.scores == {None: (found["accuracy"], found["correct"])}
 
 
 def test_a_recipe_without_held_out_rows_is_one_line(run_env):

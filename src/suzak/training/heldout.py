@@ -10,8 +10,9 @@ procedural one).
 
     suzak heldout --config recipes/mixture_smoke.yaml --model_path outputs/mixture-smoke/checkpoint-300
 
-Prints each source's accuracy and writes a JSON of the figures and every row's prompt, answer, gold and verdict
-(``--output_path``; default ``logs/heldout_<recipe>_<model>.json``). Any recipe field may follow as a flag
+Prints each source's accuracy and writes a JSON of the figures and every row's prompt, answer, gold and verdict, in
+``suzak eval``'s results format (accuracy in %; ``suzak release`` puts it in the model card) (``--output_path``;
+default ``logs/heldout_<recipe>_<model>.json``). Any recipe field may follow as a flag
 (``--eval_rows 64``, ``--eval_max_new_tokens 512``).
 """
 
@@ -86,15 +87,22 @@ def evaluate_heldout(argv: list[str]) -> dict:
     sources = {name.split("/")[1]: value for name, value in callback.figures.items()
                if name.startswith("eval/") and name.endswith("/accuracy")}  # fmt: skip
     counts = {name: sum(row.get("source") == name for row in heldout) for name in sources}
+    recipe = _split_config(argv)[0]
+    # suzak eval's results format (accuracy in %, R1-V's per-result keys), so suzak release puts it in the model card
     payload = {
-        "recipe": _split_config(argv)[0],
+        "task": f"heldout ({Path(recipe).stem})" if recipe else "heldout",
+        "recipe": recipe,
         "model_path": model_path,
-        "rows": len(table),
-        "accuracy": accuracy,
-        "sources": {name: {"rows": counts[name], "accuracy": value} for name, value in sources.items()},
+        "accuracy": 100 * accuracy,
+        "correct": sum(bool(row[-1]) for row in table),
+        "total": len(table),
+        "sources": {name: {"accuracy": 100 * value, "total": counts[name]} for name, value in sources.items()},
         "figures": callback.figures,
-        "results": [dict(zip(("index", "prompt", "output", "gold", "correct"), row[1:], strict=True)) for row in table],
-    }
+        "results": [{"source": source, "question": prompt, "ground_truth": gold, "model_output": output,
+                     "is_correct": bool(correct)}
+                    for (_, _, prompt, output, gold, correct), source in
+                    zip(table, [row.get("source") for row in heldout], strict=True)],
+    }  # fmt: skip
     return payload
 
 
@@ -115,10 +123,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SuzakError(f"--output_path {path}: cannot write it ({error.strerror or error})") from None
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
-    print(f"held-out accuracy of {payload['model_path']}: {payload['accuracy']:.4f} on {payload['rows']} rows")
+    print(f"held-out accuracy of {payload['model_path']}: {payload['accuracy']:.2f}% of {payload['total']} rows")
     for name, figures in payload["sources"].items():
-        print(f"  {name}: {figures['accuracy']:.4f} on {figures['rows']} rows")
-    print(f"results saved to {path}")
+        print(f"  {name}: {figures['accuracy']:.2f}% of {figures['total']} rows")
+    print(f"results saved to {path} (suzak release --eval_results takes it for the model card)")
 
 
 if __name__ == "__main__":
