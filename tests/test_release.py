@@ -362,3 +362,39 @@ def test_hub_token_reaches_no_file_and_the_release_still_gets_it(tmp_path, tiny_
             "release/README.md"} <= {p.relative_to(out).as_posix() for p in written}  # fmt: skip
     assert [p for p in written if token.encode() in p.read_bytes()] == []
     assert uploads == [("me/qwen-clevr", token)]
+
+
+def test_a_mixtures_card_names_each_source_and_its_held_out_figures(tmp_path, tiny_model_dir):
+    """A mixture run's card says what it trained on: each source's dataset, options, weight and share, template,
+    rewards and own pixel budget (not the unused one-dataset defaults), the Hub datasets behind the sources, and
+    each source's held-out accuracy at the first and last evaluation (metrics.csv)."""
+    from huggingface_hub import ModelCard
+
+    from suzak.runs.streams import CSVStream
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    sources = [{"name": "geo", "dataset": "geoqa_r1v", "prompt_template": "r1v", "rewards": ["math_accuracy"]},
+               {"name": "boxes", "dataset": "grounding_shapes", "options": {"num_rows": 32}, "weight": 3,
+                "prompt_template": "rec", "rewards": ["iou", "box_format"], "reward_weights": [1.0, 0.5],
+                "max_pixels": 100352}]  # fmt: skip
+    argv = ["--config", "recipes/mixture_smoke.yaml", "--datasets", json.dumps(sources), "--output_dir", str(run)]
+    parsed = parse_args(argv)
+    save_recipe(run, full_argv(argv), parsed)
+    start_run(run, argv, parsed)
+    finish_run(run, global_step=4)
+    stream = CSVStream(run / "metrics.csv")
+    for step, geo, boxes in ((0, 0.25, 0.0), (2, 0.5, 0.125), (4, 0.75, 0.5)):
+        stream.append([{"step": step, "eval/accuracy": (geo + boxes) / 2, "eval/geo/accuracy": geo,
+                        "eval/boxes/accuracy": boxes}])  # fmt: skip
+    build_release(run, run / "release", "me/mixed", [])
+    card = ModelCard.load(run / "release" / "README.md")
+    assert card.data.datasets == ["leonardPKU/GEOQA_R1V_Train_8K"]
+    text = card.text
+    assert "| datasets | a mixture of 2 sources: geo, boxes (below) |" in text and "clevr_synthetic" not in text
+    assert "| geo | `geoqa_r1v` | {} | 1 (25%) | `r1v` | `math_accuracy` (1.0) | 3136..50176 |" in text
+    assert ("| boxes | `grounding_shapes` | {\"num_rows\": 32} | 3 (75%) | `rec` | `iou` (1.0), `box_format` (0.5) | "
+            "3136..100352 |") in text  # fmt: skip
+    assert "each source's own (below), within 3136..100352 pixels" in text and "`clevr_count`" not in text
+    assert "| all | 0.125 (0) | 0.625 (4) |" in text
+    assert "| geo | 0.250 (0) | 0.750 (4) |" in text and "| boxes | 0.000 (0) | 0.500 (4) |" in text

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,9 @@ class TrainingFacts:
     plots: list[str]  # PNG paths inside the release folder
     adapter: bool = False  # the release holds a LoRA adapter, not full weights
     patch_factor: int | None = None  # pixels per visual token along a side, from the released processor
+    # held-out accuracy during training (metrics.csv): figure name (eval/accuracy, eval/<source>/accuracy) ->
+    # ((first step, value), (last step, value))
+    heldout: dict[str, tuple[tuple[int, float], tuple[int, float]]] = field(default_factory=dict)
 
     @property
     def vision(self) -> bool:
@@ -161,6 +164,22 @@ class TrainingFacts:
     def setting(self, name: str, default: Any = None) -> Any:
         settings = self.run_info.get("settings", {})
         return settings[name] if name in settings else self.recipe.get(name, default)
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """A mixture's ``datasets:`` entries (a list, or the JSON text the command line takes); [] for one dataset."""
+        entries = self.setting("datasets") or []
+        if isinstance(entries, str):
+            try:
+                entries = json.loads(entries)
+            except ValueError:
+                return []
+        return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+
+
+def _dataset_names(facts: TrainingFacts) -> list[str]:
+    """The datasets trained on: each mixture source's, else the recipe's ``dataset_name``."""
+    return [str(s.get("dataset")) for s in facts.sources] or [facts.setting("dataset_name")]
 
 
 def _metadata(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]):
@@ -177,7 +196,7 @@ def _metadata(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]):
     ]  # fmt: skip
     return ModelCardData(
         base_model=hub_model_id(facts.setting("model_name_or_path")),
-        datasets=dataset_repos(facts.setting("dataset_name")) or None,
+        datasets=sorted({repo for name in _dataset_names(facts) for repo in dataset_repos(name)}) or None,
         tags=_TAGS + (["vision-language"] if facts.vision else []) + (["lora"] if facts.adapter else []),
         library_name="peft" if facts.adapter else "transformers",
         pipeline_tag="image-text-to-text" if facts.vision else "text-generation",
@@ -208,7 +227,41 @@ def _eval_section(evals: list[EvalEntry]) -> list[str]:
     return lines + reference_lines(figures, task_column=True, heading="###", subject="this model")
 
 
+def _sources_table(facts: TrainingFacts) -> list[str]:
+    """A mixture's sources: dataset and options, weight and share, template, rewards with their weights, budget."""
+    total = sum(float(s.get("weight", 1.0)) for s in facts.sources)
+    lines = ["| source | dataset | options | weight (share) | prompt template | rewards (weights) | pixel budget |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for s in facts.sources:
+        rewards = list(s.get("rewards") or [])
+        weights = list(s.get("reward_weights") or [1.0] * len(rewards))
+        scored = ", ".join(f"`{name}` ({weight})" for name, weight in zip(rewards, weights, strict=False))
+        low, high = s.get("min_pixels") or facts.setting("min_pixels"), s.get("max_pixels") or facts.setting("max_pixels")
+        weight = float(s.get("weight", 1.0))
+        lines.append(f"| {s.get('name')} | `{s.get('dataset')}` | {json.dumps(s.get('options') or {})} | {weight:g} "
+                     f"({weight / total:.0%}) | `{s.get('prompt_template') or facts.setting('prompt_template')}` | "
+                     f"{scored} | {low}..{high} |")  # fmt: skip
+    return lines
+
+
+def _heldout_lines(facts: TrainingFacts) -> list[str]:
+    """Held-out accuracy during training (training's own eval: the recipe's held-out rows, each source's by its own
+    first reward), first and last evaluation."""
+    if not facts.heldout:
+        return []
+    lines = ["", "### Held-out accuracy during training", "",
+             "Greedy answers to the rows the recipe held out (`eval_rows`), scored by the first reward (a mixture: each "
+             "source's own); `suzak heldout` gives the same figures for any checkpoint.", "",
+             "| held-out rows | first (step) | last (step) |", "|---|---|---|"]  # fmt: skip
+    for name, ((first_step, first), (last_step, last)) in facts.heldout.items():
+        label = "all" if name == "eval/accuracy" else name.removeprefix("eval/").removesuffix("/accuracy")
+        lines.append(f"| {label} | {first:.3f} ({first_step}) | {last:.3f} ({last_step}) |")
+    return lines
+
+
 def _rewards_table(facts: TrainingFacts) -> list[str]:
+    if facts.sources:
+        return ["Each source's rewards score its own rows alone (the sources table above)."]
     rewards = facts.setting("rewards") or []
     weights = facts.setting("reward_weights") or [1.0] * len(rewards)
     kwargs = facts.setting("reward_kwargs") or {}
@@ -230,19 +283,24 @@ def _hardware(info: dict[str, Any]) -> str:
 def _training_section(facts: TrainingFacts) -> list[str]:
     from suzak.runs.record import training_seconds
 
-    lo, hi, factor = facts.setting("min_pixels"), facts.setting("max_pixels"), facts.patch_factor
+    (lo, hi), factor = _pixel_bounds(facts), facts.patch_factor
     tokens = (
         f" (at most {hi // factor**2} visual tokens of {factor}x{factor} pixels per image)" if factor and hi else ""
     )
     budget = f"{lo}..{hi} pixels{tokens}" if lo and hi else "not recorded"
+    if _per_source_budgets(facts) and lo and hi:
+        budget = f"each source's own (below), within {budget}"
     if not facts.vision:
         budget = "none (a text model: no images)"
     seconds = training_seconds(facts.run_info)
     launches = facts.run_info.get("launches", [])
     final_step = next((l["final_step"] for l in reversed(launches) if "final_step" in l), None)  # noqa: E741
-    rows = [("base model", f"`{facts.setting('model_name_or_path')}`"),
-            ("dataset", f"`{facts.setting('dataset_name')}` {json.dumps(facts.setting('dataset_options') or {})}"),
-            ("prompt template", f"`{facts.setting('prompt_template')}`"), ("pixel budget", budget),
+    data = [("dataset", f"`{facts.setting('dataset_name')}` {json.dumps(facts.setting('dataset_options') or {})}"),
+            ("prompt template", f"`{facts.setting('prompt_template')}`")]  # fmt: skip
+    if facts.sources:
+        data = [("datasets", f"a mixture of {len(facts.sources)} sources: "
+                             + ", ".join(str(s.get("name")) for s in facts.sources) + " (below)")]  # fmt: skip
+    rows = [("base model", f"`{facts.setting('model_name_or_path')}`"), *data, ("pixel budget", budget),
             ("optimizer steps", final_step), ("training time", f"{seconds / 3600:.2f} h ({seconds:.0f} s)"),
             ("hardware", _hardware(facts.run_info))]  # fmt: skip
     shown = [n for n in _SHOWN if facts.setting(n) is not None and (n != "lora_r" or facts.setting("use_peft"))
@@ -253,7 +311,10 @@ def _training_section(facts: TrainingFacts) -> list[str]:
         rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
     lines = ["## Training", "", "GRPO (TRL `GRPOTrainer` through suzak's `VLMGRPOTrainer`).", "",
              "| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]  # fmt: skip
+    if facts.sources:
+        lines += ["", "### Sources", "", *_sources_table(facts)]
     lines += ["", "### Reward functions", "", *_rewards_table(facts)]
+    lines += _heldout_lines(facts)
     if facts.recipe_text:
         lines += ["", "### Recipe (as run, secrets masked)", "", "```yaml", facts.recipe_text.rstrip(), "```",
                   "", "Reproduce: `python -m suzak.train --config recipe.yaml` (in a suzak checkout)."]  # fmt: skip
@@ -277,12 +338,28 @@ def _usage(repo_id: str, facts: TrainingFacts) -> list[str]:
                 f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")', "```", "",
                 "Prompt it as in training (the recipe's `prompt_template`, see `suzak.scoring.prompts`): the question and the "
                 "answer-format instruction, through the tokenizer's chat template."]  # fmt: skip
-    hi = facts.setting("max_pixels") or DEFAULT_MAX_PIXELS
+    _, hi = _pixel_bounds(facts)
+    hi = hi or DEFAULT_MAX_PIXELS
+    said = "each source's own (the sources table), within" if _per_source_budgets(facts) else "max"
+    template = "each source's `prompt_template`" if facts.sources else "the recipe's `prompt_template`"
     return ["## Usage", "", "```python", "from transformers import AutoModelForImageTextToText, AutoProcessor", "",
             f'model = AutoModelForImageTextToText.from_pretrained("{repo_id}")',
-            f'processor = AutoProcessor.from_pretrained("{repo_id}")  # pixel budget as trained: max {hi} pixels',
-            "```", "", "Prompt it as in training (the recipe's `prompt_template`, see `suzak.scoring.prompts`): the image "
+            f'processor = AutoProcessor.from_pretrained("{repo_id}")  # pixel budget as trained: {said} {hi} pixels',
+            "```", "", f"Prompt it as in training ({template}, see `suzak.scoring.prompts`): the image "
             "first, then the question and the answer-format instruction."]  # fmt: skip
+
+
+def _per_source_budgets(facts: TrainingFacts) -> bool:
+    return any(s.get("min_pixels") or s.get("max_pixels") for s in facts.sources)
+
+
+def _pixel_bounds(facts: TrainingFacts) -> tuple[int | None, int | None]:
+    """The run's pixel budget: the recipe's, or the one enclosing every mixture source's own (the processors')."""
+    lo, hi = facts.setting("min_pixels"), facts.setting("max_pixels")
+    if not _per_source_budgets(facts) or not lo or not hi:
+        return lo, hi
+    return (min(s.get("min_pixels") or lo for s in facts.sources),
+            max(s.get("max_pixels") or hi for s in facts.sources))  # fmt: skip
 
 
 def render_card(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]) -> str:

@@ -179,6 +179,25 @@ def _copy_run_files(run_dir: Path | None, output: Path) -> tuple[str | None, dic
     return recipe_text, run_info
 
 
+def _heldout(run_dir: Path | None) -> dict:
+    """Each held-out figure of metrics.csv (``eval/accuracy``, ``eval/<source>/accuracy``): its first and last
+    evaluation, as ((step, value), (step, value)); {} without a metrics.csv or held-out rows."""
+    import csv
+
+    path = run_dir / "metrics.csv" if run_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    with open(path, newline="", encoding="utf-8") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("eval/accuracy")]
+    names = [name for name in (rows[0] if rows else {}) if name.startswith("eval/") and name.endswith("/accuracy")]
+    found = {}
+    for name in ["eval/accuracy", *sorted(set(names) - {"eval/accuracy"})]:
+        points = [(int(float(row["step"])), float(row[name])) for row in rows if row.get(name) not in (None, "")]
+        if points:
+            found[name] = (points[0], points[-1])
+    return found
+
+
 def _plots(run_dir: Path | None, output: Path) -> list[str]:
     """Training curves drawn afresh from the run's metrics into ``plots/``; relative paths."""
     from suzak.runs.plots import plot_run
@@ -252,6 +271,7 @@ def build_release(checkpoint: str | Path, output: str | Path | None, repo_id: st
         _plots(run_dir, output),
         (output / "adapter_config.json").is_file(),
         _patch_factor(output),
+        _heldout(run_dir),
     )
     (output / "README.md").write_text(render_card(repo_id, facts, evals), encoding="utf-8")
     _check_no_secrets(output)

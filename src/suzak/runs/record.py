@@ -43,7 +43,8 @@ __all__ = [
 RECIPE_FILE = "recipe.yaml"
 RUN_INFO_FILE = "run_info.json"
 # Effective values recorded in run_info.json (defaults included), for model cards.
-SETTINGS = ("model_name_or_path", "dataset_name", "dataset_options", "prompt_template", "min_pixels", "max_pixels",
+SETTINGS = ("model_name_or_path", "dataset_name", "dataset_options", "datasets", "prompt_template", "min_pixels",
+            "max_pixels",
             "rewards", "reward_weights", "reward_kwargs", "learning_rate", "beta", "loss_type", "num_generations",
             "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length", "temperature",
             "max_steps", "num_train_epochs", "use_peft", "lora_r", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
