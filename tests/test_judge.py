@@ -122,6 +122,9 @@ def _a_judge_scores_its_own_source_in_a_mixture(picture_judge, run_env, tmp_path
     # 8 held-out squares of each source, each scored by its own source's first reward (the untrained policy's greedy
     # answers are blank, which a judge scores 0 without a call: which scores count is the unit test below)
     evals = [row for row in rows if row.get("eval/accuracy")]
+    # the judge's own figures of each evaluation (calls, time), beside the accuracy, under the source's name
+    assert all(float(row["eval/judged/judge/calls"]) >= 0 and float(row["eval/judged/judge/seconds"]) >= 0
+               for row in evals)  # fmt: skip
     assert [row["step"] for row in evals] == ["0", "2"] and all(
         float(row["eval/accuracy"]) == pytest.approx((float(row["eval/judged/accuracy"]) +
                                                       float(row["eval/ruled/accuracy"])) / 2) for row in evals)  # fmt: skip

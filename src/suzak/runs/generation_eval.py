@@ -143,7 +143,9 @@ class GenerationEvalCallback(TrainerCallback):
         column of the rows (images and clips included: a reward may look at the picture), ``trainer_state``, and a
         conversation's completion as the assistant message TRL hands over. A reward that raises or returns what
         training could not use stops the run in one line (:class:`suzak.trl_internals.RewardFault`, as a failed
-        reward does in a training step); its own ``log_metric`` and ``log_extra`` calls are not logged here."""
+        reward does in a training step). What it logs with ``log_metric`` (a judge's ``judge/calls``, ``judge/seconds``,
+        ``judge/failed``) is logged beside the accuracy as ``eval/<name>`` (a mixture: ``eval/<source>/<name>``);
+        its ``log_extra`` columns are not."""
         from suzak.runs.streams import row_id
         from suzak.trl_internals import RewardFault, RewardGuard, reward_call_kwargs, reward_name
 
@@ -164,7 +166,9 @@ class GenerationEvalCallback(TrainerCallback):
             if isinstance(part[0]["prompt"], list):  # a conversation: TRL hands each completion as its message
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
             guard = RewardGuard([names[i] for i in positions])
-            kwargs = reward_call_kwargs(part, completions) | {"trainer_state": state}
+            metrics: dict[str, float] = {}  # what the reward logs of its own work (a judge's calls, time, failures)
+            kwargs = reward_call_kwargs(part, completions) | {"trainer_state": state,
+                                                              "log_metric": metrics.__setitem__}  # fmt: skip
             called = guard.wrap(scorer, reward_name(scorer))(**kwargs)
             found = asyncio.run(called) if inspect.isawaitable(called) else called
             if guard.failures:
@@ -172,6 +176,8 @@ class GenerationEvalCallback(TrainerCallback):
                 raise RewardFault(guard.failures[0].message(where)) from (guard.errors[0] if guard.errors else None)
             for i, score in zip(positions, found, strict=True):
                 scores[i] = score
+            where = "eval/" if source is None else f"eval/{source}/"
+            self.figures.update({where + name: float(value) for name, value in metrics.items()})
         return scores
 
     def _append_csv(self, output_dir: str, table: list[list]) -> None:
