@@ -530,9 +530,14 @@ def eval_task(config: EvalConfig) -> Task:
     return task
 
 
-def _default_output(task: Task, model_path: str) -> Path:
+def default_results_path(task: str, model_path: str) -> Path:
+    """Where an evaluation's results go unless told: ``logs/<task>_results_<model folder>.json``.
+
+    >>> default_results_path("superclevr", "outputs/run/checkpoint-300/").as_posix()
+    'logs/superclevr_results_checkpoint-300.json'
+    """
     name = Path(model_path.rstrip("/")).name or model_path.replace("/", "_")
-    return Path("logs") / f"{task.name}_results_{name}.json"
+    return Path("logs") / f"{task}_results_{name}.json"
 
 
 def seed_output_path(output_path: Path, seed: int) -> Path:
@@ -593,7 +598,7 @@ def evaluate(config: EvalConfig, engine=None) -> EvalReport | None:
     boxes = any(isinstance(item.gold, dict) and "boxes" in item.gold for item in items)
     if boxes or any(isinstance(item.record, dict) and question_boxes_of(item.record) for item in items):
         items = with_box_frames(items, engine.model_type, budget)
-    output = Path(config.output_path) if config.output_path else _default_output(task, config.model_path)
+    output = Path(config.output_path) if config.output_path else default_results_path(task.name, config.model_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(config, task, budget, videos=any(item.video is not None for item in items))
     tools = tool_loop(config, engine, budget)

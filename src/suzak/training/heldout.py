@@ -12,8 +12,8 @@ procedural one).
 
 Prints each source's accuracy and writes a JSON of the figures and every row's prompt, answer, gold and verdict, in
 ``suzak eval``'s results format (accuracy in %; ``suzak release`` puts it in the model card) (``--output_path``;
-default ``logs/heldout_<recipe>_<model>.json``). Any recipe field may follow as a flag
-(``--eval_rows 64``, ``--eval_max_new_tokens 512``).
+default ``logs/heldout_<recipe>_results_<model>.json``, as ``suzak eval`` names its files). Any recipe field may
+follow as a flag (``--eval_rows 64``, ``--eval_max_new_tokens 512``).
 """
 
 from __future__ import annotations
@@ -53,14 +53,9 @@ def _own_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return own, rest
 
 
-def _default_output(recipe: str | None, model_path: str) -> Path:
-    model = Path(model_path.rstrip("/")).name or model_path.replace("/", "_")
-    return Path("logs") / f"heldout_{Path(recipe).stem if recipe else 'recipe'}_{model}.json"
-
-
 def evaluate_heldout(argv: list[str]) -> dict:
-    """The held-out figures of ``argv``'s recipe on its ``--model_path`` (default: the recipe's model), written to
-    the output JSON; returns what it wrote."""
+    """The held-out figures of ``argv``'s recipe on its ``--model_path`` (default: the recipe's model), as the
+    results JSON that :func:`main` writes."""
     from suzak.eval.models import load_eval_model
     from suzak.models.loading import adapter_base, resolve_model_path
     from suzak.models.tools import resolve_tools
@@ -84,8 +79,9 @@ def evaluate_heldout(argv: list[str]) -> dict:
     callback = eval_callback(suzak_args, args, heldout, inputs.scorer, processing_class, inputs.budget,
                              inputs.video_budget, toolset, inputs.scorers)  # fmt: skip
     accuracy, table = callback.evaluate(model, step=0)
-    sources = {name.split("/")[1]: value for name, value in callback.figures.items()
-               if name.startswith("eval/") and name.endswith("/accuracy")}  # fmt: skip
+    # each mixture source that has held-out rows: its accuracy, as training logs it
+    sources = {name: callback.figures[f"eval/{name}/accuracy"] for name in inputs.scorers or {}
+               if f"eval/{name}/accuracy" in callback.figures}  # fmt: skip
     counts = {name: sum(row.get("source") == name for row in heldout) for name in sources}
     recipe = _split_config(argv)[0]
     # suzak eval's results format (accuracy in %, R1-V's per-result keys), so suzak release puts it in the model card
@@ -107,6 +103,8 @@ def evaluate_heldout(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from suzak.eval.runner import default_results_path
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(flag in ("-h", "--help") for flag in argv):
         print(USAGE, "", __doc__, sep="\n")
@@ -115,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         payload = evaluate_heldout(argv)
         own, _ = _own_flags(argv)
-        path = Path(own.get("--output_path") or _default_output(payload["recipe"], payload["model_path"]))
+        task = f"heldout_{Path(payload['recipe']).stem}" if payload["recipe"] else "heldout"
+        path = Path(own.get("--output_path") or default_results_path(task, payload["model_path"]))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
