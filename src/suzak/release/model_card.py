@@ -166,20 +166,18 @@ class TrainingFacts:
         return settings[name] if name in settings else self.recipe.get(name, default)
 
     @property
-    def sources(self) -> list[dict[str, Any]]:
-        """A mixture's ``datasets:`` entries (a list, or the JSON text the command line takes); [] for one dataset."""
-        entries = self.setting("datasets") or []
-        if isinstance(entries, str):
-            try:
-                entries = json.loads(entries)
-            except ValueError:
-                return []
-        return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+    def sources(self) -> list:
+        """A mixture's sources as the run read them (:func:`suzak.data.mixture.parse_sources`: defaults filled,
+        each one's share of the rows); [] for one dataset."""
+        from suzak.data.mixture import parse_sources
+
+        entries = self.setting("datasets")
+        return parse_sources(entries, default_template=self.setting("prompt_template")) if entries else []
 
 
 def _dataset_names(facts: TrainingFacts) -> list[str]:
     """The datasets trained on: each mixture source's, else the recipe's ``dataset_name``."""
-    return [str(s.get("dataset")) for s in facts.sources] or [facts.setting("dataset_name")]
+    return [source.dataset for source in facts.sources] or [facts.setting("dataset_name")]
 
 
 def _metadata(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]):
@@ -229,18 +227,14 @@ def _eval_section(evals: list[EvalEntry]) -> list[str]:
 
 def _sources_table(facts: TrainingFacts) -> list[str]:
     """A mixture's sources: dataset and options, weight and share, template, rewards with their weights, budget."""
-    total = sum(float(s.get("weight", 1.0)) for s in facts.sources)
     lines = ["| source | dataset | options | weight (share) | prompt template | rewards (weights) | pixel budget |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in facts.sources:
-        rewards = list(s.get("rewards") or [])
-        weights = list(s.get("reward_weights") or [1.0] * len(rewards))
-        scored = ", ".join(f"`{name}` ({weight})" for name, weight in zip(rewards, weights, strict=False))
-        low, high = s.get("min_pixels") or facts.setting("min_pixels"), s.get("max_pixels") or facts.setting("max_pixels")
-        weight = float(s.get("weight", 1.0))
-        lines.append(f"| {s.get('name')} | `{s.get('dataset')}` | {json.dumps(s.get('options') or {})} | {weight:g} "
-                     f"({weight / total:.0%}) | `{s.get('prompt_template') or facts.setting('prompt_template')}` | "
-                     f"{scored} | {low}..{high} |")  # fmt: skip
+        weights = s.reward_weights or [1.0] * len(s.rewards)
+        scored = ", ".join(f"`{name}` ({weight})" for name, weight in zip(s.rewards, weights, strict=True))
+        low, high = s.min_pixels or facts.setting("min_pixels"), s.max_pixels or facts.setting("max_pixels")
+        lines.append(f"| {s.name} | `{s.dataset}` | {json.dumps(s.options)} | {s.weight:g} ({s.share:.0%}) | "
+                     f"`{s.prompt_template}` | {scored} | {low}..{high} |")  # fmt: skip
     return lines
 
 
@@ -299,7 +293,7 @@ def _training_section(facts: TrainingFacts) -> list[str]:
             ("prompt template", f"`{facts.setting('prompt_template')}`")]  # fmt: skip
     if facts.sources:
         data = [("datasets", f"a mixture of {len(facts.sources)} sources: "
-                             + ", ".join(str(s.get("name")) for s in facts.sources) + " (below)")]  # fmt: skip
+                             + ", ".join(s.name for s in facts.sources) + " (below)")]  # fmt: skip
     rows = [("base model", f"`{facts.setting('model_name_or_path')}`"), *data, ("pixel budget", budget),
             ("optimizer steps", final_step), ("training time", f"{seconds / 3600:.2f} h ({seconds:.0f} s)"),
             ("hardware", _hardware(facts.run_info))]  # fmt: skip
@@ -350,7 +344,7 @@ def _usage(repo_id: str, facts: TrainingFacts) -> list[str]:
 
 
 def _per_source_budgets(facts: TrainingFacts) -> bool:
-    return any(s.get("min_pixels") or s.get("max_pixels") for s in facts.sources)
+    return any(s.min_pixels or s.max_pixels for s in facts.sources)
 
 
 def _pixel_bounds(facts: TrainingFacts) -> tuple[int | None, int | None]:
@@ -358,8 +352,7 @@ def _pixel_bounds(facts: TrainingFacts) -> tuple[int | None, int | None]:
     lo, hi = facts.setting("min_pixels"), facts.setting("max_pixels")
     if not _per_source_budgets(facts) or not lo or not hi:
         return lo, hi
-    return (min(s.get("min_pixels") or lo for s in facts.sources),
-            max(s.get("max_pixels") or hi for s in facts.sources))  # fmt: skip
+    return min(s.min_pixels or lo for s in facts.sources), max(s.max_pixels or hi for s in facts.sources)
 
 
 def render_card(repo_id: str, facts: TrainingFacts, evals: list[EvalEntry]) -> str:
