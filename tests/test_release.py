@@ -74,6 +74,13 @@ def make_eval_results(root: Path) -> Path:
     return path
 
 
+def online_env(tmp_path, **extra: str) -> dict:
+    """The environment of an upload test: the user's, without an HF_HUB_OFFLINE they may have set (an air-gapped
+    user's shell has it), with no .env and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    return env | {"SUZAK_ENV_FILE": str(tmp_path / "absent.env")} | extra
+
+
 def run_release(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "suzak.release", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env or os.environ.copy(), timeout=300)  # fmt: skip
@@ -233,8 +240,7 @@ def test_failed_upload_keeps_folder_and_prints_retry(tmp_path, tiny_model_dir, s
     handler = type("Hub", (FakeHub,), {"status": status})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = os.environ | {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "HF_HUB_DISABLE_TELEMETRY": "1",
-                        "SUZAK_ENV_FILE": str(tmp_path / "absent.env")}  # fmt: skip
+    env = online_env(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}", HF_HUB_DISABLE_TELEMETRY="1")
     try:
         result = run_release(["--checkpoint", str(run), "--repo_id", "me/x", "--private"], env)
     finally:
@@ -251,10 +257,21 @@ def test_failed_upload_keeps_folder_and_prints_retry(tmp_path, tiny_model_dir, s
 def test_unreachable_hub_keeps_folder(tmp_path, tiny_model_dir, secrets_env):
     run = make_run_dir(tmp_path, tiny_model_dir)
     release = build_release(run, None, "me/x")
-    env = os.environ | {"HF_ENDPOINT": "http://127.0.0.1:9", "SUZAK_ENV_FILE": str(tmp_path / "absent.env")}
+    env = online_env(tmp_path, HF_ENDPOINT="http://127.0.0.1:9")
     result = run_release(["--upload", str(release), "--repo_id", "me/x"], env)
     assert result.returncode == 1 and "is unreachable, nothing was uploaded" in result.stderr
     assert f"retry with `python -m suzak.release --upload {release} --repo_id me/x`" in result.stderr
+
+
+def test_upload_with_hf_hub_offline_set_names_the_variable(tmp_path, tiny_model_dir, secrets_env):
+    """An air-gapped user's HF_HUB_OFFLINE=1 is named as the reason, not mistaken for a network failure."""
+    run = make_run_dir(tmp_path, tiny_model_dir)
+    release = build_release(run, None, "me/x")
+    env = online_env(tmp_path, HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="1")
+    result = run_release(["--upload", str(release), "--repo_id", "me/x"], env)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "HF_HUB_OFFLINE is set, so nothing was uploaded" in last
+    assert "unreachable" not in last and (release / "README.md").is_file()
 
 
 # --- push_to_hub in training ---------------------------------------------------------------------------------------

@@ -306,6 +306,9 @@ def upload_release(folder: str | Path, repo_id: str, *, private: bool = False, t
         raise SuzakError(f"{folder} is not a release folder (no README.md): build it with --checkpoint first")
     _check_no_secrets(folder)
     kept = f"the release folder is kept at {folder}; retry with `{_retry_command(folder, repo_id, private)}`"
+    if constants.HF_HUB_OFFLINE:  # the user's own switch, not the network: name it (air-gapped users set it)
+        raise SuzakError(f"HF_HUB_OFFLINE is set, so nothing was uploaded (unset it on a machine that reaches the "
+                         f"Hub): {kept}")  # fmt: skip
     with offline_unless_reachable() as offline:
         if offline:
             raise SuzakError(f"the Hub ({constants.ENDPOINT}) is unreachable, nothing was uploaded: {kept}")
