@@ -42,6 +42,7 @@ __all__ = [
     "load_processor",
     "local_model_problem",
     "model_budget",
+    "model_source_config",
     "model_type",
     "pick_attn_implementation",
     "quantization_config",
@@ -185,11 +186,15 @@ def _looks_like_a_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
 
 
-def local_model_problem(name: str) -> str | None:
-    """Why ``name``, as a local model folder, cannot be loaded; None for a loadable folder or a Hub id."""
+POLICY_SETTING = "model_name_or_path, or MODEL in .env"  # where a run names its policy model
+
+
+def local_model_problem(name: str, setting: str = POLICY_SETTING) -> str | None:
+    """Why ``name``, as a local model folder, cannot be loaded; None for a loadable folder or a Hub id. ``setting``:
+    where the user wrote ``name``."""
     folder = Path(name).expanduser()
     if not folder.exists():
-        return "no such folder (check model_name_or_path, or MODEL in .env)" if _looks_like_a_path(name) else None
+        return f"no such folder (check {setting})" if _looks_like_a_path(name) else None
     if not folder.is_dir():
         return "it is a file, not a model folder"
     names = sorted(p.name for p in folder.iterdir())
@@ -204,7 +209,16 @@ def local_model_problem(name: str) -> str | None:
     return None
 
 
-def _load_config(path: str, revision: str | None):
+def model_source_config(name: str, revision: str | None = None, setting: str = POLICY_SETTING):
+    """The transformers config of model ``name``, a local folder or a Hub id (no weights): a folder that does not
+    exist or cannot be loaded, or an id that cannot be fetched (offline: not in the cache), is one line naming
+    ``setting``, where the user wrote ``name``."""
+    if problem := local_model_problem(name, setting):
+        raise SuzakError(f"cannot load model {name!r}: {problem}")
+    return _load_config(name, revision, setting)
+
+
+def _load_config(path: str, revision: str | None, setting: str = POLICY_SETTING):
     from transformers import AutoConfig
 
     from suzak.data.hub import offline_unless_reachable
@@ -216,7 +230,7 @@ def _load_config(path: str, revision: str | None):
             why = "the Hub is unreachable and it is not in the local cache" if offline else str(error).splitlines()[0]
             raise SuzakError(
                 f"cannot load model {path!r}: {why}.{_relative_folder_hint(path)} Download it where there is network "
-                f"(`hf download {path} --local-dir /models/NAME`) and set model_name_or_path (or MODEL in .env) to that folder"
+                f"(`hf download {path} --local-dir /models/NAME`) and set {setting}, to that folder"
             ) from None
 
 
@@ -234,9 +248,7 @@ def _checked_config(model_args, for_vllm: bool = False):
     """(local path or Hub id, config) of the recipe's model: a folder that cannot be loaded, or a vision-language
     model of a family suzak does not support, is one line."""
     path = resolve_model_path(model_args.model_name_or_path, for_vllm=for_vllm)
-    if problem := local_model_problem(path):
-        raise SuzakError(f"cannot load model {path!r}: {problem}")
-    config = _load_config(path, model_args.model_revision)
+    config = model_source_config(path, model_args.model_revision)
     try:
         vision_family(config)
     except SuzakError as error:
