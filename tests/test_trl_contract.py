@@ -179,6 +179,20 @@ def test_generate_and_score_completions_uses_the_screened_rewards_then_flushes_l
     assert "self.reward_func_names.append(" in init and "self.reward_weights = torch." in init
 
 
+def test_log_metric_is_flushed_as_each_names_mean_over_every_ranks_values():
+    """``GRPOHooks.total_over_ranks`` writes each :class:`suzak.trl_internals.RankTotal` (a judge's calls) into
+    ``_pending_metrics`` as the total over the ranks, on every rank, from ``_calculate_rewards``: TRL must flush that
+    dict after scoring as each name's sum over every rank's values divided by their count (the mean of equal totals
+    is the total), its names gathered over the ranks."""
+    assert "self._pending_metrics = defaultdict(list)" in inspect.getsource(GRPOTrainer.__init__)
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    flush = source.index("for name in sorted(set(gather_object(list(self._pending_metrics)))):")
+    assert source.index("rewards_per_func = self._calculate_rewards(inputs, prompts, completions,") < flush
+    assert "local_stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=device)" in source
+    assert "total, count = self.accelerator.gather(local_stats).view(-1, 2).sum(dim=0).tolist()" in source
+    assert "self._metrics[mode][name].append(total / count)" in source
+
+
 def test_trainer_save_checkpoint_is_what_a_save_step_runs():
     """``GRPOHooks.save_checkpoint`` does what transformers does at a save step, in the same order."""
     from transformers import Trainer

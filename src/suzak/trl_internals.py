@@ -33,6 +33,9 @@ by name, instead of somewhere in a training run:
   training batch;
 - :data:`REWARD_CALL_KWARGS` and :func:`reward_call_kwargs`: the keyword arguments ``GRPOTrainer`` calls every reward
   function with, which the reward pre-flight reproduces and recipes must not set;
+- :class:`RankTotal`: a figure a reward logs as a total over the ranks (a judge's calls), which
+  :meth:`GRPOHooks.total_over_ranks` writes into TRL's ``_pending_metrics`` as that total on every rank, before TRL
+  averages each name over the ranks;
 - :func:`completion_rows`: one row per completion of the newest batch in TRL's ``_logs`` layout;
 - :class:`SamplerGuard` / :class:`StaleSampler`: the stale-sampler guard, which scores a few of vLLM's sampled
   completions with the policy, from the batch ``_generate_and_score_completions`` returns (its ids, masks, images
@@ -100,6 +103,7 @@ __all__ = [
     "TrainerHooks",
     "RewardFailure",
     "RewardFault",
+    "RankTotal",
     "RewardGuard",
     "SFTHooks",
     "SamplerGuard",
@@ -152,6 +156,26 @@ def reward_call_kwargs(rows: list[dict], completions: list, log: Callable[..., N
     return {"prompts": [row["prompt"] for row in rows], "completions": completions,
             "completion_ids": [[] for _ in rows], "trainer_state": None, "log_extra": log, "log_metric": log,
             **columns}  # fmt: skip
+
+
+class RankTotal(float):
+    """A figure a reward logs (``log_metric``) as the total over every rank of a batch, not TRL's mean over them:
+    ``RankTotal(calls)`` is summed, ``RankTotal(seconds, "max")`` the largest. TRL averages each ``log_metric`` name
+    over the values the ranks logged, so a judge's calls under torchrun would read as one rank's share; the trainer
+    hands TRL this total on every rank instead (:meth:`GRPOHooks.total_over_ranks`). Outside training it is the float.
+
+    >>> RankTotal(3) + 1, RankTotal(2.5, "max").over
+    (4.0, 'max')
+    """
+
+    over: str
+
+    def __new__(cls, value: float, over: str = "sum"):
+        if over not in ("sum", "max"):
+            raise ValueError(f"RankTotal over {over!r}: sum or max")
+        total = super().__new__(cls, value)
+        total.over = over
+        return total
 
 
 def reward_name(func: Callable) -> str:
@@ -1480,6 +1504,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         rewards = self.screen_rewards(rewards, guard, self.reward_rows(inputs))
         ids = args[2] if len(args) > 2 else kwargs.get("completion_ids_list")
         lengths = [len(row) for row in ids] if ids is not None and len(ids) == len(inputs) else None
+        self.total_over_ranks()
         for name, value in self.batch_metrics(inputs, rewards, lengths).items():
             self._log_metric(name, value)
         if self.dynamic_sampling is not None and self.model.training:  # (ranks x rows, functions) -> group std
@@ -1491,6 +1516,22 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             start = self.accelerator.process_index * len(inputs)
             self._log_completion_extra("group_signal", [int(v) for v in signal[start : start + len(inputs)]])
         return rewards
+
+    def total_over_ranks(self) -> None:
+        """Each :class:`RankTotal` the rewards logged this batch becomes its total over every rank, on every rank
+        (TRL flushes ``_pending_metrics`` after scoring as ``sum / count`` over the ranks' values, so it then logs
+        that total); a rank that logged none of a name (a mixture's rank without that source's rows) counts 0."""
+        pending = self._pending_metrics
+        mine = sorted({(name, values[0].over) for name, values in pending.items()
+                       if values and isinstance(values[0], RankTotal)})  # fmt: skip
+        totals = dict(sorted(set(map(tuple, gather_object(mine)))))  # name -> over, alike on every rank
+        device = self.accelerator.device
+        for name, over in totals.items():
+            values = [float(value) for value in pending.get(name, [])]
+            local = sum(values) if over == "sum" else max(values, default=0.0)
+            gathered = self.accelerator.gather(torch.tensor([local], dtype=torch.float64, device=device))  # (ranks,)
+            total = gathered.sum() if over == "sum" else gathered.max()
+            pending[name] = [RankTotal(total.item(), over)]
 
     def _log_completion_extra(self, column: str, values: list):
         self._batch_extra_columns.add(column)
