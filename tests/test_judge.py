@@ -6,11 +6,15 @@ a judge that cannot tell right from wrong stops the run before step 1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -29,10 +33,10 @@ def picture_judge(tmp_path_factory) -> tuple[Path, float]:
     return train_picture_judge(tmp_path_factory.mktemp("picture-judge"))
 
 
-def squares(count: int, images: str = "aligned", seed: int = 5):
+def squares(count: int, images: str = "aligned", seed: int = 5, size: int = 2 * FACTOR):
     from suzak.selftest.color import color_dataset
 
-    return list(color_dataset(count, seed, images, 2 * FACTOR))
+    return list(color_dataset(count, seed, images, size))
 
 
 def called_as_trl_calls(reward, rows: list[dict], completions: list[str], metrics: dict | None = None) -> list:
@@ -114,7 +118,7 @@ def _a_judge_scores_its_own_source_in_a_mixture(picture_judge, run_env, tmp_path
         rows = list(csv.DictReader(file))
     steps = [row for row in rows if row.get("reward")]
     assert len(steps) == 2 and all(0 <= float(row["rewards/judged/judge/mean"]) <= 1 for row in steps), steps
-    assert all(float(row["judge/calls"]) > 0 for row in steps if row.get("sources/judged/rows"))
+    assert all(float(row["judge/judged/calls"]) > 0 for row in steps if row.get("sources/judged/rows"))
     with open(tmp_path / "mixed" / "completions.csv", newline="") as file:
         completions = list(csv.DictReader(file))
     assert {row["source"] for row in completions} == {"judged", "ruled"}
@@ -201,9 +205,10 @@ def test_a_judge_that_names_what_it_sees_first_is_scored_by_its_last_verdict():
     ("blue no", the self-test's colour judge) by its last yes or no, never by its first token's P(yes)."""
     from suzak.scoring.judge import JudgeSettings, score_reply
 
-    judge = JudgeSettings("j")
-    assert score_reply(judge, ("Yes", 0.8)) == 0.8 and score_reply(judge, ("red yes", 0.1)) == 1.0
-    assert score_reply(judge, ("The square is red, so no.", 0.9)) == 0.0 and score_reply(judge, ("red", 0.9)) is None
+    judge, yes = JudgeSettings("j"), {"Yes": math.log(0.8), "No": math.log(0.2)}
+    assert score_reply(judge, ("Yes", [("Yes", yes)])) == pytest.approx(0.8)
+    assert score_reply(judge, ("red yes", [("red", yes), (" yes", {})])) == 1.0  # red's runners-up: not the verdict's
+    assert score_reply(judge, ("The square is red, so no.", [])) == 0.0 and score_reply(judge, ("red", [])) is None
 
 
 def test_the_held_out_eval_counts_a_judges_answer_correct_above_one_half():
@@ -233,3 +238,223 @@ def test_the_judge_recipe_names_a_served_judge_whose_settings_resolve():
     settings = judge_settings(funcs[0].keywords)
     assert is_judge(funcs[0]) and settings.base_url == "http://127.0.0.1:8000/v1" and settings.reference
     assert settings.answer_format == "think_answer" and settings.where == settings.base_url
+
+
+# --- a served judge (issue 67): an OpenAI-compatible fake that records what it is sent ------------------------------
+
+
+class _FakeServer(BaseHTTPRequestHandler):
+    """``/v1/chat/completions`` answering with ``tokens(text)``'s reply, each token with its top log-probabilities,
+    and recording the size of every image it is sent (``sizes``)."""
+
+    tokens: Callable[[str], list[tuple[str, dict[str, float]]]]
+    sizes: list
+
+    def do_POST(self):
+        import base64
+        import io
+
+        from PIL import Image
+
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        parts = request["messages"][0]["content"]
+        text = next(part["text"] for part in parts if part["type"] == "text")
+        for part in parts:
+            if part["type"] == "image_url":
+                data = base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
+                self.sizes.append(Image.open(io.BytesIO(data)).size)
+        tokens = type(self).tokens(text)
+        logprobs = {"content": [{"token": token, "logprob": top.get(token, 0.0), "bytes": None,
+                                 "top_logprobs": [{"token": t, "logprob": v, "bytes": None} for t, v in top.items()]}
+                                for token, top in tokens]} if request.get("logprobs") else None  # fmt: skip
+        body = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": request["model"],
+                           "choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs, "message": {
+                               "role": "assistant", "content": "".join(token for token, _ in tokens)}}]}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        return
+
+
+@contextlib.contextmanager
+def served_judge(tokens: Callable[[str], list]):
+    """(base_url, sizes): a fake served judge replying ``tokens(question)``; ``sizes`` fills with each image's size."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    sizes: list = []
+    handler = type("Judge", (_FakeServer,), {"tokens": staticmethod(tokens), "sizes": sizes})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", sizes
+    finally:
+        server.shutdown()
+
+
+def referee(question: str) -> list:
+    """A judge that says yes where the candidate answer is the reference answer, as one token: "Yes" or "No"."""
+    reference = re.search(r"Reference answer: (.*)", question).group(1).strip().lower()
+    candidate = re.search(r"Candidate answer: (.*)", question).group(1).strip().lower()
+    return [("Yes", {"Yes": -0.1, "No": -2.4})] if reference == candidate else [("No", {"No": -0.1, "Yes": -2.4})]
+
+
+def test_p_yes_is_read_at_the_verdicts_own_token():
+    """A served judge that answers "**No**" (first token ``**``, whose runners-up are Yes -2.5 and No -5.0) scored
+    0.92 on every completion: P(yes) was read at the first token. It is read at the verdict's own token ("No"), and
+    where no token's log-probabilities carry the verdict, the reply's word scores it (0 or 1), never a P(yes) that
+    says otherwise."""
+    from suzak.scoring.judge import JudgeSettings, score_reply
+
+    bold_no = [("**", {"**": -0.1, "Yes": -2.5, "No": -5.0}), ("No", {"No": -0.05, "Yes": -3.0}), ("**", {"**": 0.0})]
+    with served_judge(lambda question: bold_no) as (url, _):
+        reward = resolve_reward("judge", {"model": "j", "base_url": url, "reference": False})
+        scores = called_as_trl_calls(reward, squares(2), ["red", "blue"])
+    assert all(score < 0.1 for score in scores), scores
+    judge = JudgeSettings("j")
+    assert score_reply(judge, ("**No**", bold_no[:1])) == 0.0  # no token is the verdict: the word
+    assert score_reply(judge, ('"Yes"', [('"', {"No": -0.1}), ("Yes", {"Yes": -0.7, "No": -0.9})])) > 0.5
+    assert score_reply(judge, ("Yes", [("Yes", {"No": -0.1, "Yes": -2.0})])) == 1.0  # contradicts the word: the word
+    assert score_reply(judge, ("\nred yes", [("\n", {}), ("red", {}), (" yes", {" yes": -0.2, " no": -1.8})])) > 0.5
+
+
+def test_the_judge_sees_the_original_picture_at_its_own_budget(tmp_path, monkeypatch):
+    """A served judge with a budget of 50176 pixels beside a policy at 3136 (300-pixel squares): in a training step
+    it was shown the picture already fitted to the policy's budget (56x56), so it could never look closer than the
+    policy. In the pre-flight, a training step and the held-out eval it now gets the original, fitted to its own
+    budget (196x196)."""
+    import csv
+
+    from suzak.media.vision import PixelBudget
+    from suzak.runs.generation_eval import GenerationEvalCallback
+    from suzak.train import main
+
+    monkeypatch.setenv("SUZAK_ENV_FILE", str(tmp_path / "absent.env"))
+    with served_judge(referee) as (url, sizes):
+        judge = {"model": "referee", "base_url": url, "max_pixels": 50176, "retries": 0}
+        main(["--config", "recipes/demo.yaml", "--dataset_options", '{"num_rows": 24, "seed": 0, "size": 300}',
+              "--rewards", "judge", "--reward_kwargs", json.dumps({"judge": judge}), "--eval_rows", "0",
+              "--max_steps", "1", "--per_device_train_batch_size", "16", "--num_generations", "4",
+              "--preflight_rows", "4", "--output_dir", str(tmp_path / "run")])  # fmt: skip
+        with open(tmp_path / "run" / "metrics.csv", newline="") as file:
+            step = next(row for row in csv.DictReader(file) if row.get("judge/calls"))
+        assert float(step["judge/calls"]) > 0, step  # the training step asked it too, beside the pre-flight
+        rows = squares(2, seed=7, size=300)
+        held_out = GenerationEvalCallback(rows, resolve_reward("judge", judge), None, eval_steps=1)
+        asked = len(sizes)
+        held_out._scores(rows, ["red", "blue"])
+    judges = PixelBudget(3136, 50176, factor=FACTOR).size(300, 300)  # (196, 196), where the policy's is (56, 56)
+    assert len(sizes) > asked and set(sizes) == {judges}, sizes
+
+
+def _train_stops_before_the_weights_load(argv: list[str], tmp_path, monkeypatch, recipe: str = "demo") -> str:
+    """``suzak train``'s one ``error:`` line for ``argv`` (``recipes/<recipe>.yaml``, no held-out rows), raised before
+    the policy's weights load (loading them fails the test)."""
+    import suzak.training.build as build
+    from suzak.train import main
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the policy's weights loaded before the judge's settings were checked")
+
+    monkeypatch.setenv("SUZAK_ENV_FILE", str(tmp_path / "absent.env"))
+    monkeypatch.setattr(build, "load_policy", loaded)
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", f"recipes/{recipe}.yaml", "--eval_rows", "0", "--output_dir", str(tmp_path / "run"), *argv])
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("preflight_rows", ["0", "4"])
+def test_a_judges_budget_below_its_own_min_is_one_line_before_the_weights_load(preflight_rows, tmp_path, monkeypatch):
+    """A judge at ``max_pixels: 784`` (its own min_pixels 3136) stopped at step 1 with "need 0 < min_pixels <=
+    max_pixels, got 3136 and 784" (whose budget?), or with the pre-flight on there, both after the weights load. It
+    is one line naming the judge's setting before they load, whatever ``preflight_rows`` says; in a mixture naming
+    the source."""
+    judged = json.dumps({"judge": {"model": "j", "base_url": "http://127.0.0.1:8000/v1", "max_pixels": 784}})
+    said = ("judge: max_pixels 784 is below the judge's min_pixels 3136 (the judge's own pixel budget, not the run's; "
+            "its min_pixels is 3136 unless set)")  # fmt: skip
+    line = _train_stops_before_the_weights_load(["--dataset_options", '{"num_rows": 16}', "--rewards", "judge",
+                                                 "--reward_kwargs", judged, "--preflight_rows", preflight_rows],
+                                                tmp_path, monkeypatch)  # fmt: skip
+    assert line == f"error: {said}"
+    sources = [{"name": "judged", "dataset": "color_squares", "options": {"num_rows": 16}, "rewards": ["judge"],
+                "reward_kwargs": json.loads(judged)},
+               {"name": "ruled", "dataset": "color_squares", "options": {"num_rows": 16}, "rewards": ["word_match"]}]  # fmt: skip
+    line = _train_stops_before_the_weights_load(["--datasets", json.dumps(sources), "--preflight_rows",
+                                                 preflight_rows], tmp_path, monkeypatch, "mixture_smoke")  # fmt: skip
+    assert line == f"error: source 'judged': {said}"
+
+
+@pytest.mark.parametrize("folder", ["/path/that/does/not/exist", "./judge_model"])
+def test_a_local_judges_folder_that_does_not_exist_is_one_line(folder, tmp_path, monkeypatch):
+    """A local judge (no base_url) whose folder does not exist read as a Hub repo-id error ("Repo id must be in the
+    form ..."), after the weights loaded; offline, a Hub id that cannot be fetched likewise."""
+    import suzak.data.hub as hub
+
+    judged = json.dumps({"judge": {"model": folder, "reference": False}})
+    line = _train_stops_before_the_weights_load(["--dataset_options", '{"num_rows": 16}', "--rewards", "judge",
+                                                 "--reward_kwargs", judged, "--preflight_rows", "0"], tmp_path,
+                                                monkeypatch)  # fmt: skip
+    assert line == (f"error: judge: cannot load model {folder!r}: no such folder (check the judge's model, a local "
+                    "folder without base_url)")  # fmt: skip
+    from suzak.scoring.judge import check_judge
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)
+    with pytest.raises(SuzakError, match=r"^judge: cannot load model 'someone/judge-7b': the Hub is unreachable and it "
+                       r"is not in the local cache\. .* set the judge's model, a local folder without base_url, to "
+                       "that folder$"):  # fmt: skip
+        check_judge({"model": "someone/judge-7b"})
+
+
+def test_a_judge_read_after_the_templates_opening_is_pre_flighted_with_its_own_settings():
+    """``opening_in_completion`` (Qwen3.5's thinking prompt) wraps each reward to read after ``<think>\\n``; the
+    judge pre-flight then looked for the judge's settings on the wrapper and stopped with "judge: set model"."""
+    from suzak.scoring.rewards import read_after_opening
+    from suzak.training.checks import preflight
+
+    with served_judge(referee) as (url, _):
+        judged = resolve_reward("judge", {"model": "referee", "base_url": url, "answer_format": "think_answer"})
+        preflight(squares(4), [read_after_opening(judged, "<think>\n")], "think_answer", num_rows=4,
+                  opening="<think>\n")  # fmt: skip
+
+
+def test_a_mixtures_judges_are_named_per_source_and_count_as_totals_over_ranks():
+    """Two judged sources of a mixture logged one ``judge/calls`` (TRL's mean of the two); each source's judge now
+    logs ``judge/<source>/...``, as :class:`suzak.trl_internals.RankTotal` values the trainer totals over the ranks
+    (test_trl_contract.py and test_judge_figures_are_summed_over_two_ranks)."""
+    from suzak.scoring.rewards import routed
+
+    rows = squares(4)
+    metrics: dict = {}
+    with served_judge(referee) as (url, _):
+        judged = resolve_reward("judge", {"model": "referee", "base_url": url})
+        charts = routed(judged, "charts")
+        kwargs = {"prompts": [row["prompt"] for row in rows], "completions": ["red", "blue", "red", "red"],
+                  "image": [row["image"] for row in rows], "solution": [row["solution"] for row in rows],
+                  "source": ["charts", "charts", "other", "charts"], "log_metric": metrics.__setitem__}  # fmt: skip
+        asyncio.run(charts(**kwargs))
+    assert sorted(metrics) == ["judge/charts/cached", "judge/charts/calls", "judge/charts/failed",
+                               "judge/charts/seconds"], metrics  # fmt: skip
+    from suzak.trl_internals import RankTotal
+
+    assert metrics["judge/charts/calls"] == 3 and metrics["judge/charts/calls"].over == "sum"
+    assert isinstance(metrics["judge/charts/seconds"], RankTotal) and metrics["judge/charts/seconds"].over == "max"
+
+
+@pytest.mark.slow
+def test_judge_figures_are_summed_over_two_ranks(tmp_path, run_env):
+    """torchrun, 2 CPU ranks (gloo): rank 0 logged 3 judge calls and 2.0 s, rank 1 5 calls and 1.5 s, a third name
+    on rank 1 alone; after :meth:`~suzak.trl_internals.GRPOHooks.total_over_ranks` TRL's flush (its mean over the
+    ranks' values) logs the sums and the max on both ranks, where it logged 4 calls before."""
+    from conftest import run_ok
+
+    run_ok([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "tests/rank_totals.py",
+            str(tmp_path)], run_env, timeout=600)  # fmt: skip
+    for rank in (0, 1):
+        logged = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert logged == {"judge/a/calls": 8.0, "judge/a/seconds": 2.0, "judge/b/calls": 4.0}, logged

@@ -699,7 +699,7 @@ def served_judge(vllm_env, tmp_path_factory):
 
 def _the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served_judge):
     """The ``judge`` reward with ``base_url`` (OpenAI's chat API, the image as a base64 PNG ``image_url`` part, the
-    first token's top log-probabilities) against the same model loaded in this process: the same P(yes) for every
+    verdict token's top log-probabilities) against the same model loaded in this process: the same P(yes) for every
     square to float32 round-off, above one half for each red one, and the calls counted."""
     import asyncio
 

@@ -66,6 +66,7 @@ __all__ = [
     "gsm8k_format",
     "gold_parser",
     "base_reward",
+    "bound_kwargs",
     "is_async",
     "is_judge",
     "judge",
@@ -114,19 +115,39 @@ def _checks_kwargs(check: Callable[[dict], None]) -> Callable[[Callable], Callab
     return mark
 
 
+def _layers(reward: Callable):
+    """``reward``, then each wrapper's inner reward down to the registry's function: recipe kwargs
+    (``functools.partial``), a mixture's :func:`routed`, :func:`read_after_opening` (both keep it as ``__wrapped__``),
+    in any order and depth."""
+    while reward is not None:
+        yield reward
+        inner = getattr(reward, "__wrapped__", None)
+        reward = inner or (reward.func if isinstance(reward, functools.partial) else None)
+
+
 def base_reward(reward: Callable) -> Callable:
-    """The registry's function under a reward's wrappers: recipe kwargs (``functools.partial``), a mixture's
-    :func:`routed`, :func:`read_after_opening` (both keep it as ``__wrapped__``), in any order and depth.
+    """The registry's function under a reward's wrappers (:func:`_layers`).
 
     >>> counted = resolve_reward("clevr_count", {"answer_format": "plain"})
     >>> base_reward(read_after_opening(routed(counted, "a"), "<t>")) is clevr_count
     True
     """
-    while True:
-        inner = getattr(reward, "__wrapped__", None) or (reward.func if isinstance(reward, functools.partial) else None)
-        if inner is None:
-            return reward
-        reward = inner
+    *_, base = _layers(reward)
+    return base
+
+
+def bound_kwargs(reward: Callable) -> dict:
+    """The settings a recipe bound to a reward (its ``functools.partial``'s keywords, an outer one's over an inner
+    one's), under its wrappers (:func:`_layers`): a judge read after the template's opening is asked with its own.
+
+    >>> judged = read_after_opening(routed(resolve_reward("judge", {"model": "j"}), "a"), "<t>")
+    >>> bound_kwargs(judged), bound_kwargs(word_match)
+    ({'model': 'j'}, {})
+    """
+    bound: dict = {}
+    for layer in reversed(list(_layers(reward))):
+        bound |= layer.keywords if isinstance(layer, functools.partial) else {}
+    return bound
 
 
 def is_async(reward: Callable) -> bool:
@@ -791,7 +812,9 @@ def routed(func: Callable, source: str) -> Callable:
     """``func`` scoring only the completions of ``source``'s rows (a mixture's, by :data:`SOURCE_COLUMN`) and None
     for every other row (TRL's "this reward does not score it": its weighted sum leaves the reward out there), so no
     reward ever sees another task's rows. Named ``<source>/<reward>``, TRL logs it as ``rewards/<source>/<reward>``.
-    A column the reward logs with ``log_extra`` gets None on the other sources' rows.
+    A column the reward logs with ``log_extra`` gets None on the other sources' rows; a figure it logs with
+    ``log_metric`` is named for the source (``judge/calls`` as ``judge/<source>/calls``: two judged sources' calls
+    are two figures, not one mean).
 
     >>> def first(completions, solution, **kwargs):
     ...     return [float(c == s) for c, s in zip(completions, solution)]
@@ -812,7 +835,9 @@ def routed(func: Callable, source: str) -> Callable:
         mine = [i for i, row_source in enumerate(sources) if row_source == source]
         sub = {}
         for key, value in kwargs.items():
-            if key in _SHARED_KWARGS:
+            if key == "log_metric" and value is not None:
+                sub[key] = functools.partial(_source_metric, value, source)
+            elif key in _SHARED_KWARGS:
                 sub[key] = value
             elif key == "log_extra":
                 sub[key] = functools.partial(_scattered_extra, value, mine, count)
@@ -844,6 +869,13 @@ def routed(func: Callable, source: str) -> Callable:
     score.__name__ = score.__qualname__ = name
     score.source = source  # the rows it scores (the trainer counts its None and NaN over them alone)
     return score
+
+
+def _source_metric(log_metric: Callable, source: str, name: str, value: float) -> None:
+    """``log_metric`` of a routed reward: ``<kind>/<rest>`` as ``<kind>/<source>/<rest>`` (TRL's own figures of a
+    source's reward read ``rewards/<source>/<reward>``)."""
+    kind, _, rest = name.partition("/")
+    log_metric(f"{kind}/{source}/{rest}" if rest else f"{source}/{name}", value)
 
 
 def _scattered_extra(log_extra: Callable, rows: list[int], count: int, column: str, values: list) -> None:

@@ -36,7 +36,7 @@ __all__ = [
     "RunInputs",
     "add_first",
     "build_datasets",
-    "check_judge_key",
+    "check_judges",
     "check_zoom_turn",
     "eval_callback",
     "grpo_trainer",
@@ -77,8 +77,7 @@ class RunInputs:
             (source, resolve_rewards(list(source.rewards), source.reward_kwargs), get_template(source.prompt_template))
             for source in suzak_args.mixture() or []
         )
-        for func in [*rewards, *(func for _, funcs, _ in sources for func in funcs)]:
-            check_judge_key(func)
+        check_judges(rewards, sources)
         if sources:  # every source's rewards, each scoring its own source's rows alone
             rewards = [routed(func, source.name) for source, funcs, _ in sources for func in funcs]
         budget = PixelBudget(suzak_args.min_pixels, suzak_args.max_pixels).for_model(config)
@@ -407,24 +406,32 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | N
     return dataset.select([i for i in range(len(dataset)) if i not in dropped])
 
 
-def check_judge_key(func) -> None:
-    """A judge's ``api_key_env`` must be a name suzak treats as secret (``*_KEY``, ``*_TOKEN``, ...): its value is
-    then masked in every log line, record and CSV stream (:mod:`suzak.runs.redaction`), like ``HF_TOKEN``'s.
+def check_judges(rewards: list[Callable], sources: tuple = ()) -> None:
+    """Every setting of every judge among the rewards (a mixture's: each source's), before any weights load and
+    whatever ``preflight_rows`` says (:func:`suzak.scoring.judge.check_judge`): a bad value, a key not in the
+    environment or a local judge's folder that does not exist is one line here, naming the source in a mixture, not
+    a stop at step 1.
 
     >>> from suzak.scoring.rewards import resolve_reward
-    >>> check_judge_key(resolve_reward("judge", {"model": "j", "api_key_env": "JUDGE_API_KEY"}))
-    >>> check_judge_key(resolve_reward("judge", {"model": "j", "api_key_env": "JUDGE"}))
+    >>> served = {"model": "j", "base_url": "http://127.0.0.1:8000/v1"}
+    >>> check_judges([resolve_reward("judge", served)])
+    >>> check_judges([resolve_reward("judge", served | {"max_pixels": 784})])
     Traceback (most recent call last):
     ...
-    suzak.SuzakError: judge: api_key_env 'JUDGE' is not a name suzak masks in its logs and records: name the variable *_KEY, *_TOKEN, *_SECRET or *_PASSWORD (e.g. JUDGE_API_KEY)
+    suzak.SuzakError: judge: max_pixels 784 is below the judge's min_pixels 3136 (the judge's own pixel budget, not the run's; its min_pixels is 3136 unless set)
     """
-    from suzak.runs.redaction import is_secret_name
-    from suzak.scoring.rewards import is_judge
+    from suzak.scoring.judge import check_judge
+    from suzak.scoring.rewards import bound_kwargs, is_judge
 
-    name = getattr(func, "keywords", {}).get("api_key_env") if is_judge(func) else None
-    if name and not is_secret_name(name):
-        raise SuzakError(f"judge: api_key_env {name!r} is not a name suzak masks in its logs and records: name the "
-                         "variable *_KEY, *_TOKEN, *_SECRET or *_PASSWORD (e.g. JUDGE_API_KEY)")  # fmt: skip
+    named = [("", func) for func in rewards] + [(f"source {source.name!r}: ", func) for source, funcs, _ in sources
+                                                for func in funcs]  # fmt: skip
+    for where, func in named:
+        if not is_judge(func):
+            continue
+        try:
+            check_judge(bound_kwargs(func))
+        except SuzakError as error:
+            raise SuzakError(f"{where}{error}") from None
 
 
 def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class, budget: PixelBudget,

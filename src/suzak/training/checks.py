@@ -48,7 +48,7 @@ from suzak.media.vision import (
 from suzak.scoring.judge import judge_settings
 from suzak.scoring.parsing import gold_answer, gold_boxes
 from suzak.scoring.prompts import after_opening, render_answer, template_opening
-from suzak.scoring.rewards import is_judge, reads_rollout
+from suzak.scoring.rewards import bound_kwargs, is_judge, reads_rollout
 from suzak.trl_internals import reward_call_kwargs, reward_name
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
@@ -153,7 +153,7 @@ def _check_judge(func: Callable, rows: list[dict], ideals: list[str], answer_for
     right, wrong = scores[: len(rows)], scores[len(rows) :]
     prefers = sum(r is not None and w is not None and r > w for r, w in zip(right, wrong, strict=True))
     mean = [sum(v for v in part if v is not None) / len(part) for part in (right, wrong)]
-    where = judge_settings(getattr(func, "keywords", {})).where  # the call above checked them
+    where = judge_settings(bound_kwargs(func)).where  # its own, under read_after_opening too; the call checked them
     if prefers * 2 <= len(rows) or mean[0] <= mean[1]:
         raise SuzakError(
             f"judge pre-flight: {reward_name(func)!r} at {where} scored the right answer above a wrong one on "

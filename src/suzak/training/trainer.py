@@ -5,9 +5,11 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
 
 - ``prepare_batch``: every image of a batch (``image``, ``images``, images inline in the messages) is fitted once to
   the budget, before TRL's two processor calls, vLLM and the reward kwargs see it, so all of them see the same
-  pixels and token counts (the copies of a prompt's image share one resize); a row's video (``video`` column, or a
-  video part of the prompt) is read once to the video budget (:func:`suzak.media.video.read_clip`) and placed in the
-  prompt as a clip, which generation and the training forward both take their frames from;
+  pixels and token counts (the copies of a prompt's image share one resize); a judge gets the row's pictures as
+  they were too (:func:`suzak.scoring.judge.with_original_images`), to fit to its own budget; a row's video
+  (``video`` column, or a video part of the prompt) is read once to the video budget
+  (:func:`suzak.media.video.read_clip`) and placed in the prompt as a clip, which generation and the training
+  forward both take their frames from;
 - ``batch_scored``: the scored batch's rows go to the ``completion_listeners`` (``completions.csv``);
 - ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
   or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
@@ -57,8 +59,9 @@ from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory
 from suzak.models.vision_reuse import share_vision_encodings
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
+from suzak.scoring.judge import with_original_images
 from suzak.scoring.prompts import template_opening
-from suzak.scoring.rewards import SOURCE_COLUMN, read_after_opening
+from suzak.scoring.rewards import SOURCE_COLUMN, is_judge, read_after_opening
 from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.training.configs import check_whole_groups
 from suzak.trl_internals import (
@@ -192,8 +195,15 @@ class VLMGRPOTrainer(GRPOHooks):
         framed = (self.with_box_frame(row) for row in rows)  # from the original image, before it is fitted
         if self.environment_factories is not None:  # an environment (the zoom) gets each row's image as it is
             framed = (with_original_image(row) for row in framed)
+        if self.judged:  # a judge fits each row's pictures to its own budget, not to the policy's
+            framed = (with_original_images(row) for row in framed)
         fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in framed])
         return [self._with_clip(row, name, clips) for row, name in zip(fitted, self.row_names(inputs), strict=True)]
+
+    @property
+    def judged(self) -> bool:
+        """Whether a judge is among the rewards (:func:`suzak.scoring.rewards.is_judge`)."""
+        return any(is_judge(func) for func in self.reward_funcs)
 
     def with_box_frame(self, row: dict[str, Any]) -> dict[str, Any]:
         """The row with its image's box frame for the box rewards (:func:`suzak.media.boxes.with_box_frame`): this model's
