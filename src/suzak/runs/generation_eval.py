@@ -5,7 +5,10 @@ Before the first step of a fresh run and every ``eval_steps`` it generates greed
 through the evaluation's tool loop, :mod:`suzak.eval.tool_loop`, and also logs ``eval/tool_calls``, calls per row),
 scores them with the same reward function training uses, and
 
-- logs ``eval/accuracy`` in the trainer's own log line of that step (it asks the trainer to log at that step and
+- logs ``eval/accuracy``, the share of answers the reward counts correct (:func:`suzak.scoring.rewards.counts_correct`:
+  full marks for a 0/1 reward, IoU or ANLS >= 0.5 for a continuous one, or the recipe's ``eval_correct_at``), and
+  ``eval/score``, the reward's mean over the rows (a mixture: also ``eval/<source>/accuracy`` and
+  ``eval/<source>/score``), in the trainer's own log line of that step (it asks the trainer to log at that step and
   joins the line before the reporters see it), so W&B, TensorBoard and ``trainer_state.json`` get one row per
   step and no two writers ever claim the same W&B step;
 - logs a W&B table of (step, prompt, output, gold, correct) when W&B is active;
@@ -29,7 +32,7 @@ from suzak.media.boxes import with_box_frame
 from suzak.media.video import VideoBudget
 from suzak.media.vision import PixelBudget
 from suzak.scoring.parsing import message_text
-from suzak.scoring.rewards import SOURCE_COLUMN
+from suzak.scoring.rewards import SOURCE_COLUMN, counts_correct, heldout_scorer
 
 __all__ = ["GenerationEvalCallback"]
 
@@ -39,8 +42,15 @@ CSV_NAME = "eval_samples.csv"
 CSV_COLUMNS = ["step", "index", "prompt", "output", "gold", "correct"]
 
 
+def _mean(scores: list) -> float:
+    """The mean score of the rows, a row without one (None) at 0.0 as :meth:`GenerationEvalCallback._correct`
+    counts it wrong."""
+    return sum(float(score or 0.0) for score in scores) / len(scores)
+
+
 class GenerationEvalCallback(TrainerCallback):
-    """Greedy generation on ``rows`` every ``eval_steps``, scored by ``scorer`` (a reward function, max 1.0)."""
+    """Greedy generation on ``rows`` every ``eval_steps``, scored by ``scorer`` (a reward function, max 1.0) as the
+    held-out eval scores it (:func:`suzak.scoring.rewards.heldout_scorer`: the same at every step)."""
 
     def __init__(
         self,
@@ -63,7 +73,7 @@ class GenerationEvalCallback(TrainerCallback):
         if eval_steps <= 0:
             raise ValueError(f"eval_steps must be positive, got {eval_steps}")
         self.rows = rows
-        self.scorer = scorer
+        self.scorer = heldout_scorer(scorer)
         self.processing_class = processing_class
         self.eval_steps = eval_steps
         self.budget = budget
@@ -78,7 +88,7 @@ class GenerationEvalCallback(TrainerCallback):
         self.max_tool_calling_iterations = max_tool_calling_iterations
         # a mixture's held-out rows: each scored by its own source's scorer (the row's ``source``), each source's
         # accuracy logged as eval/<source>/accuracy beside the whole set's
-        self.scorers = scorers
+        self.scorers = {source: heldout_scorer(func) for source, func in scorers.items()} if scorers else scorers
         self.figures: dict[str, float] = {}  # the last evaluation's figures beside the accuracy (tool calls per row)
         self._pending: dict[str, float] = {}
         self._pending_table: list[list] = []
@@ -90,7 +100,8 @@ class GenerationEvalCallback(TrainerCallback):
     # --- evaluation ----------------------------------------------------------------------------------------------
 
     def evaluate(self, model, step: int, state=None) -> tuple[float, list[list]]:
-        """(accuracy, CSV rows) of greedy answers on the held-out rows with ``model`` as it is now."""
+        """(accuracy, CSV rows) of greedy answers on the held-out rows with ``model`` as it is now; the mean scores
+        go to :attr:`figures`."""
         from suzak.eval.engine import HFEngine
 
         engine = HFEngine(
@@ -122,21 +133,25 @@ class GenerationEvalCallback(TrainerCallback):
             [step, i, message_text(row["prompt"]), output, row.get("solution"), self._correct(row, score)]
             for i, (row, output, score) in enumerate(zip(rows, outputs, scores, strict=True))
         ]
-        accuracy = sum(r[-1] for r in table) / len(table)
-        if self.scorers:
-            for source in self.scorers:
-                mine = [r[-1] for r, row in zip(table, rows, strict=True) if row.get(SOURCE_COLUMN) == source]
-                if mine:
-                    self.figures[f"eval/{source}/accuracy"] = sum(mine) / len(mine)
-        return accuracy, table
+        correct = [r[-1] for r in table]
+        self._keep_means(rows, scores, correct)
+        return _mean(correct), table
+
+    def _keep_means(self, rows: list[dict], scores: list, correct: list[bool]) -> None:
+        """The mean score of all rows (``eval/score``) and each mixture source's accuracy and mean score
+        (``eval/<source>/accuracy``, ``eval/<source>/score``), kept in :attr:`figures`."""
+        self.figures["eval/score"] = _mean(scores)
+        for source in self.scorers or {}:
+            mine = [i for i, row in enumerate(rows) if row.get(SOURCE_COLUMN) == source]
+            if mine:
+                self.figures[f"eval/{source}/accuracy"] = _mean([correct[i] for i in mine])
+                self.figures[f"eval/{source}/score"] = _mean([scores[i] for i in mine])
 
     def _correct(self, row: dict, score) -> bool:
-        """A held-out answer is correct when its reward is full marks (1.0); a judge's score is a probability (its
-        P(yes)), correct above one half."""
-        from suzak.scoring.rewards import is_judge
-
+        """A held-out answer is correct at its reward's threshold (:func:`suzak.scoring.rewards.counts_correct`):
+        full marks for a 0/1 reward, IoU or ANLS >= 0.5, a judge's P(yes) above one half, or the recipe's."""
         scorer = self.scorers.get(row.get(SOURCE_COLUMN), self.scorer) if self.scorers else self.scorer
-        return float(score or 0.0) > 0.5 if is_judge(scorer) else float(score or 0.0) >= 1.0
+        return counts_correct(scorer, score)
 
     def _scores(self, rows: list[dict], outputs: list[str], state=None) -> list:
         """Each output's score by the scorer of its row (a mixture: its source's), called as training calls it: every

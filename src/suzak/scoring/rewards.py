@@ -59,6 +59,7 @@ __all__ = [
     "iou",
     "rec_accuracy",
     "read_after_opening",
+    "REC_IOU",
     "word_match",
     "clevr_count",
     "dynamic_iou",
@@ -67,6 +68,10 @@ __all__ = [
     "gold_parser",
     "base_reward",
     "bound_kwargs",
+    "check_correct_at",
+    "correct_at",
+    "counts_correct",
+    "heldout_scorer",
     "is_async",
     "is_judge",
     "judge",
@@ -110,6 +115,28 @@ def _checks_kwargs(check: Callable[[dict], None]) -> Callable[[Callable], Callab
 
     def mark(func: Callable) -> Callable:
         func.check_kwargs = check
+        return func
+
+    return mark
+
+
+def _correct_at(threshold: float) -> Callable[[Callable], Callable]:
+    """Mark a reward whose score is continuous with the score at which the held-out eval counts an answer correct
+    (:func:`correct_at`); an unmarked reward's answer is correct at full marks, 1.0."""
+
+    def mark(func: Callable) -> Callable:
+        func.correct_at = threshold
+        return func
+
+    return mark
+
+
+def _heldout_as(stand_in: Callable) -> Callable[[Callable], Callable]:
+    """Mark a reward whose score moves with the training step with the reward the held-out eval scores it by instead
+    (:func:`heldout_scorer`), so that training's eval at any step and ``suzak heldout`` give the same figures."""
+
+    def mark(func: Callable) -> Callable:
+        func.heldout_as = stand_in
         return func
 
     return mark
@@ -175,6 +202,73 @@ def is_judge(reward: Callable) -> bool:
     (True, True, False)
     """
     return base_reward(reward) is judge
+
+
+def correct_at(reward: Callable) -> float:
+    """The score at which the held-out eval counts an answer correct (:func:`counts_correct`): a recipe's
+    ``eval_correct_at`` (:func:`heldout_scorer`), else what the reward declares (``_correct_at``: IoU and ANLS 0.5),
+    else full marks, 1.0 (a 0/1 reward), or one half for a judge's P(yes). Seen through wrappers as
+    :func:`base_reward` sees, the outermost declaration first.
+
+    >>> correct_at(iou), correct_at(routed(resolve_reward("anls", {"threshold": 0.4}), "docs")), correct_at(word_match)
+    (0.5, 0.5, 1.0)
+    """
+    for layer in _layers(reward):
+        if (threshold := getattr(layer, "correct_at", None)) is not None:
+            return threshold
+    return 0.5 if is_judge(reward) else 1.0
+
+
+def counts_correct(reward: Callable, score: float | None) -> bool:
+    """Whether the held-out eval counts ``reward``'s ``score`` of an answer correct: at least :func:`correct_at`
+    (a judge's P(yes): above it, as it leans to yes); no score (None) is wrong.
+
+    >>> [counts_correct(iou, score) for score in (0.998, 0.5, 0.49, None)], counts_correct(word_match, 0.998)
+    ([True, True, False, False], False)
+    """
+    value, threshold = float(score or 0.0), correct_at(reward)
+    return value > threshold if is_judge(reward) else value >= threshold
+
+
+def heldout_scorer(reward: Callable, threshold: float | None = None) -> Callable:
+    """``reward`` as the held-out eval scores it. A reward whose score moves with the training step gives way to the
+    reward it declares (``_heldout_as``; ``dynamic_iou``: :func:`iou`, bound to the recipe's kwargs ``iou`` takes, not
+    routed: the eval hands a source's scorer its own rows alone), so that training's eval at any step and ``suzak
+    heldout`` agree; ``threshold`` (a recipe's ``eval_correct_at``) replaces the one :func:`correct_at` reads.
+
+    >>> scorer = heldout_scorer(routed(resolve_reward("dynamic_iou", {"answer_format": "think_answer"}), "boxes"))
+    >>> base_reward(scorer) is iou, scorer.keywords, correct_at(scorer), correct_at(heldout_scorer(scorer, 0.75))
+    (True, {'answer_format': 'think_answer'}, 0.5, 0.75)
+    """
+    stand_in = getattr(base_reward(reward), "heldout_as", None)
+    if stand_in is not None:
+        taken = inspect.signature(stand_in).parameters
+        kwargs = {key: value for key, value in bound_kwargs(reward).items() if key in taken}
+        reward = resolve_reward(stand_in.__name__, kwargs)
+    if threshold is None:
+        return reward
+    scorer = functools.update_wrapper(functools.partial(reward), reward)
+    scorer.correct_at = threshold
+    return scorer
+
+
+def check_correct_at(value: Any, where: str) -> float | None:
+    """``value`` as a held-out threshold (None: the reward's own, :func:`correct_at`), or ``SuzakError`` in one line
+    naming ``where`` (a flag, a mixture's source): a number in (0, 1].
+
+    >>> check_correct_at(0.5, "--eval_correct_at"), check_correct_at(None, "--eval_correct_at")
+    (0.5, None)
+    >>> check_correct_at(50, "--eval_correct_at")
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: --eval_correct_at 50 must be a number in (0, 1]: the score at which the held-out eval counts an answer correct
+    """
+    if value is None:
+        return None
+    if not _is_number(value) or not 0 < value <= 1:
+        raise SuzakError(f"{where} {value!r} must be a number in (0, 1]: the score at which the held-out eval counts "
+                         "an answer correct")  # fmt: skip
+    return float(value)
 
 
 def gold_parser(reward: Callable) -> Callable[[str], Any] | None:
@@ -379,6 +473,7 @@ def _ocr_scores(name: str, completions: list, solution: list, answer_format: str
     return [0.0 if a is None else score(a, g) for a, g in zip(answers, golds, strict=True)]
 
 
+@_correct_at(0.5)  # DocVQA's: an answer within ANLS's tolerance (at tau 0.5 every score above 0 is at least 0.5)
 @_reads_gold(gold_texts)
 def anls(completions: list, solution: list, answer_format: str = "plain", threshold: float = 0.5,
          log_metric: Callable | None = None, log_extra: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
@@ -457,6 +552,12 @@ def _first_box_ious(name: str, completions: list, solution: list, box_frame: lis
             for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
 
 
+# R1-V's and VLM-R1's referring-expression accuracy: a box is right at IoU >= 0.5 (VLM-R1's own script: > 0.5, kept
+# by suzak eval's vlm_r1 rule); rec_accuracy's default threshold and the held-out eval's for iou and dynamic_iou
+REC_IOU = 0.5
+
+
+@_correct_at(REC_IOU)
 @_reads_gold(gold_boxes)
 def iou(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
         log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
@@ -466,6 +567,8 @@ def iou(completions: list, solution: list, box_frame: list | None = None, answer
     outside the frame or a degenerate one: 0.0, counted in ``iou/unparsed_frac`` / ``iou/invalid_frac``.
 
     ``answer_format``: ``box`` (a box anywhere in the completion) or ``think_answer`` (in the last ``<answer>`` tag).
+    The held-out eval counts an answer correct at :data:`REC_IOU` (0.5), as :func:`rec_accuracy` and ``suzak eval``
+    do, and logs the mean IoU beside that accuracy.
 
     >>> frame = {"family": "qwen3_vl", "width": 200, "height": 100, "resized_width": 192, "resized_height": 96}
     >>> iou(['{"bbox_2d": [0, 0, 500, 1000]}', "[250, 0, 750, 1000]", "no box"], ["[0, 0, 100, 100]"] * 3, [frame] * 3)
@@ -476,10 +579,10 @@ def iou(completions: list, solution: list, box_frame: list | None = None, answer
 
 @_reads_gold(gold_boxes)
 def rec_accuracy(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
-                 log_metric: Callable | None = None, threshold: float = 0.5, **kwargs) -> list[float | None]:  # fmt: skip
-    """1.0 when the first box's IoU with the gold box is at least ``threshold`` (0.5: VLM-R1's referring-expression
-    accuracy; ``reward_kwargs: {rec_accuracy: {threshold: 0.75}}`` for a stricter one), else 0.0; boxes read as
-    :func:`iou` reads them.
+                 log_metric: Callable | None = None, threshold: float = REC_IOU, **kwargs) -> list[float | None]:  # fmt: skip
+    """1.0 when the first box's IoU with the gold box is at least ``threshold`` (:data:`REC_IOU`, 0.5: R1-V's and
+    VLM-R1's referring-expression accuracy; ``reward_kwargs: {rec_accuracy: {threshold: 0.75}}`` for a stricter one),
+    else 0.0; boxes read as :func:`iou` reads them.
 
     A box covering two of four equal cells has IoU exactly 0.5 with either: where the gold boxes are cells, 0.5 pays
     that hedge half the time, more than a guess of one cell (the self-test's grid uses 0.75).
@@ -533,6 +636,7 @@ def _check_schedule(kwargs: dict) -> None:
         _iou_schedule(kwargs["schedule"])
 
 
+@_heldout_as(iou)  # its threshold moves with the step: held out, the plain IoU, correct at REC_IOU
 @_checks_kwargs(_check_schedule)  # a named function: a bound reward carries it, and TRL's async worker pickles those
 @_reads_gold(gold_boxes)
 def dynamic_iou(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
@@ -545,8 +649,10 @@ def dynamic_iou(completions: list, solution: list, box_frame: list | None = None
     ``schedule``: ``[[fraction of max_steps, threshold], ...]``, each threshold holding up to its fraction of training
     (progress = TRL's ``trainer_state.global_step / max_steps``), V-Triune's by default: 0.85 for the first 10 % of the
     steps, 0.95 to 25 %, 0.99 after (``reward_kwargs: {dynamic_iou: {schedule: [[0.1, 0.85], [0.25, 0.95], [1.0,
-    0.99]]}}``; checked when the recipe is read). Outside training (no ``trainer_state``: the evaluation, the
-    pre-flight) the last, strictest threshold applies. The threshold in use is logged (``dynamic_iou/threshold``).
+    0.99]]}}``; checked when the recipe is read). Outside training (no ``trainer_state``: the pre-flight) the last,
+    strictest threshold applies. The threshold in use is logged (``dynamic_iou/threshold``). The held-out eval, in
+    training and ``suzak heldout`` alike, scores its rows by :func:`iou` instead (:func:`heldout_scorer`): a moving
+    threshold would move the held-out accuracy at 10 % and 25 % of the run for no reason of the model's.
     V-Triune scores its detection rows with it through a matching of several boxes; here it is the one-box
     :func:`rec_accuracy` with the moving threshold.
 
@@ -587,6 +693,7 @@ def box_format(completions: list, box_frame: list | None = None, answer_format: 
     return scores
 
 
+@_correct_at(0.5)  # half F1: 2 * matched >= missed + extra boxes; one object: found at IoU >= 0.5, at most 2 extras
 @_reads_gold(gold_boxes)
 def box_f1(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
            threshold: float = 0.5, log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip
@@ -606,6 +713,7 @@ def box_f1(completions: list, solution: list, box_frame: list | None = None, ans
             for boxes, gold, frame in zip(predicted, golds, frames, strict=True)]  # fmt: skip
 
 
+@_correct_at(0.5)  # half of COCO's mAP@[.5:.95]; one object, one box: IoU >= 0.7 (5 of COCO's 10 thresholds)
 @_reads_gold(gold_boxes)
 def box_map(completions: list, solution: list, box_frame: list | None = None, answer_format: str = "box",
             log_metric: Callable | None = None, **kwargs) -> list[float | None]:  # fmt: skip

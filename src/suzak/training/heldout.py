@@ -2,18 +2,19 @@
 
 The rows the recipe holds out (``eval_rows``; a mixture: each source's own), each scored by its source's first
 reward, at the budgets, template and tools the run trains with, answered greedily by the evaluation's HF engine:
-exactly what training logs as ``eval/accuracy`` and ``eval/<source>/accuracy`` (the same code,
-:class:`suzak.runs.generation_eval.GenerationEvalCallback`), for a saved run, a ``checkpoint-N``, a LoRA adapter, the
-base model or another run's model. For a task with a benchmark of its own (SuperCLEVR, GeoQA, RefCOCO, ...) use
-``suzak eval``; this is the recipe's own yardstick, per source, for tasks that have none (a judge-scored source, a
-procedural one).
+exactly what training logs at any step (the same code, :class:`suzak.runs.generation_eval.GenerationEvalCallback`):
+``eval/accuracy`` and ``eval/<source>/accuracy`` (the answers correct at the reward's threshold or the recipe's
+``eval_correct_at``), ``eval/score`` and ``eval/<source>/score`` (the mean score), for a saved run, a
+``checkpoint-N``, a LoRA adapter, the base model or another run's model. For a task with a benchmark of its own
+(SuperCLEVR, GeoQA, RefCOCO, ...) use ``suzak eval``; this is the recipe's own yardstick, per source, for tasks that
+have none (a judge-scored source, a procedural one).
 
     suzak heldout --config recipes/mixture_smoke.yaml --model_path outputs/mixture-smoke/checkpoint-300
 
-Prints each source's accuracy and writes a JSON of the figures and every row's prompt, answer, gold and verdict, in
-``suzak eval``'s results format (accuracy in %; ``suzak release`` puts it in the model card) (``--output_path``;
-default ``logs/heldout_<recipe>_results_<model>.json``, as ``suzak eval`` names its files). Any recipe field may
-follow as a flag (``--eval_rows 64``, ``--eval_max_new_tokens 512``).
+Prints each source's accuracy and mean score and writes a JSON of the figures and every row's prompt, answer, gold
+and verdict, in ``suzak eval``'s results format (accuracy in %; ``suzak release`` puts it in the model card)
+(``--output_path``; default ``logs/heldout_<recipe>_results_<model>.json``, as ``suzak eval`` names its files). Any
+recipe field may follow as a flag (``--eval_rows 64``, ``--eval_max_new_tokens 512``).
 """
 
 from __future__ import annotations
@@ -79,9 +80,8 @@ def evaluate_heldout(argv: list[str]) -> dict:
     callback = eval_callback(suzak_args, args, heldout, inputs.scorer, processing_class, inputs.budget,
                              inputs.video_budget, toolset, inputs.scorers)  # fmt: skip
     accuracy, table = callback.evaluate(model, step=0)
-    # each mixture source that has held-out rows: its accuracy, as training logs it
-    sources = {name: callback.figures[f"eval/{name}/accuracy"] for name in inputs.scorers or {}
-               if f"eval/{name}/accuracy" in callback.figures}  # fmt: skip
+    # each mixture source that has held-out rows: its accuracy and mean score, as training logs them
+    sources = [name for name in inputs.scorers or {} if f"eval/{name}/accuracy" in callback.figures]
     counts = {name: sum(row.get("source") == name for row in heldout) for name in sources}
     recipe = _split_config(argv)[0]
     # suzak eval's results format (accuracy in %, R1-V's per-result keys), so suzak release puts it in the model card
@@ -90,9 +90,11 @@ def evaluate_heldout(argv: list[str]) -> dict:
         "recipe": recipe,
         "model_path": model_path,
         "accuracy": 100 * accuracy,
+        "score": callback.figures["eval/score"],
         "correct": sum(bool(row[-1]) for row in table),
         "total": len(table),
-        "sources": {name: {"accuracy": 100 * value, "total": counts[name]} for name, value in sources.items()},
+        "sources": {name: {"accuracy": 100 * callback.figures[f"eval/{name}/accuracy"],
+                           "score": callback.figures[f"eval/{name}/score"], "total": counts[name]} for name in sources},
         "figures": callback.figures,
         "results": [{"source": source, "question": prompt, "ground_truth": gold, "model_output": output,
                      "is_correct": bool(correct)}
@@ -122,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SuzakError(f"--output_path {path}: cannot write it ({error.strerror or error})") from None
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
-    print(f"held-out accuracy of {payload['model_path']}: {payload['accuracy']:.2f}% of {payload['total']} rows")
+    whole = f"{payload['accuracy']:.2f}% of {payload['total']} rows (mean score {payload['score']:.3f})"
+    print(f"held-out accuracy of {payload['model_path']}: {whole}")
     for name, figures in payload["sources"].items():
-        print(f"  {name}: {figures['accuracy']:.2f}% of {figures['total']} rows")
+        print(f"  {name}: {figures['accuracy']:.2f}% of {figures['total']} rows (mean score {figures['score']:.3f})")
     print(f"results saved to {path} (suzak release --eval_results takes it for the model card)")
 
 
