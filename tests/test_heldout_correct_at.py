@@ -1,7 +1,7 @@
 """The held-out eval's verdict (issue 67): a continuous reward's answer is correct at the reward's own threshold
-(IoU and ANLS >= 0.5, as VLM-R1 / R1-V and DocVQA count them), not only at full marks; the mean score is logged
-beside the accuracy; and ``dynamic_iou``, whose training threshold moves with the step, is scored the same at every
-step and by ``suzak heldout``."""
+(IoU and ANLS >= 0.5, as VLM-R1 / R1-V and DocVQA count them), not only at full marks; a recipe may set the threshold
+(``eval_correct_at``, per source in a mixture); the mean score is logged beside the accuracy; and ``dynamic_iou``,
+whose training threshold moves with the step, is scored the same at every step and by ``suzak heldout``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from suzak import SuzakError
 from suzak.scoring.rewards import iou, resolve_reward, routed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +114,35 @@ BOXES = {"name": "boxes", "dataset": "grounding_shapes", "options": {"num_rows":
          "prompt_template": "rec", "rewards": ["iou"]}  # fmt: skip
 
 
+# --- a recipe's threshold ------------------------------------------------------------------------------------------
+
+TWO = [COLOUR, BOXES | {"eval_correct_at": 0.75}]
+
+
+@pytest.mark.parametrize("value", [0, 1.5, "high", True, float("nan")])
+def test_a_bad_threshold_is_one_line_naming_the_source_or_the_flag(value):
+    from suzak.data.mixture import parse_sources
+    from suzak.training.configs import SuzakArguments
+
+    assert [s.eval_correct_at for s in parse_sources(TWO)] == [None, 0.75]
+    with pytest.raises(
+        SuzakError, match=r"^datasets\[1\] \('boxes'\): eval_correct_at .* must be a number in \(0, 1\]"
+    ):
+        parse_sources([TWO[0], {**TWO[1], "eval_correct_at": value}])
+    with pytest.raises(SuzakError, match=r"^--eval_correct_at .* must be a number in \(0, 1\]"):
+        SuzakArguments(eval_correct_at=value)
+
+
+def test_a_one_dataset_threshold_beside_a_mixture_is_one_line(tmp_path):
+    from suzak.training.configs import parse_args
+
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": "tiny", "datasets": TWO, "eval_correct_at": 0.9,
+                                      "output_dir": str(tmp_path / "out")}))  # fmt: skip
+    with pytest.raises(SuzakError, match=r"and eval_correct_at is set beside them"):
+        parse_args(["--config", str(recipe)])
+
+
 # --- training's eval and suzak heldout: the same verdicts at every step --------------------------------------------
 
 
@@ -162,12 +192,15 @@ DYNAMIC = {"rewards": ["dynamic_iou", "box_format"]}
 @pytest.mark.parametrize(("base", "change", "accuracy", "figure"), [
     (ONE_DATASET, DYNAMIC, 1.0, "eval/score"),
     (MIXTURE, {"datasets": [COLOUR, BOXES | {"rewards": ["dynamic_iou"]}]}, 1.0, "eval/boxes/score"),
+    (ONE_DATASET, DYNAMIC | {"eval_correct_at": 0.95}, 0.0, "eval/score"),  # a recipe's threshold
+    (MIXTURE, {"datasets": [COLOUR, BOXES | {"rewards": ["dynamic_iou"], "eval_correct_at": 0.95}]}, 0.5,
+     "eval/boxes/score"),  # a source's threshold: its rows wrong, the colour rows right
 ])  # fmt: skip
 def test_training_eval_at_any_step_and_suzak_heldout_agree(base, change, accuracy, figure, tiny_model_dir, tmp_path,
                                                            monkeypatch):  # fmt: skip
     """Boxes at IoU ~0.9 scored by dynamic_iou (0.85 to 10 % of max_steps, 0.95 to 25 %, 0.99 after): the held-out
     verdicts were 1 before 10 %, 0 after, and 0 in ``suzak heldout`` (no step: the strictest). Now every step and
-    ``suzak heldout`` agree: correct at IoU 0.5, the mean IoU as the score."""
+    ``suzak heldout`` agree: correct at IoU 0.5 (a recipe's ``eval_correct_at`` where set), the mean IoU as the score."""
     from suzak.training.heldout import evaluate_heldout
 
     monkeypatch.setattr("suzak.eval.engine.HFEngine", _answering(_near_box))

@@ -49,6 +49,7 @@ class Source:
     reward_kwargs: dict = field(default_factory=dict)  # reward name -> its keyword arguments
     prompt_template: str | None = None
     eval_rows: int | None = None  # held-out rows of this source
+    eval_correct_at: float | None = None  # its held-out answers' threshold (None: its first reward's own)
     min_pixels: int | None = None  # this source's pixel budget (OCR and screens want more than geometry)
     max_pixels: int | None = None
     share: float = 0.0  # worked out by parse_sources: weight / sum of weights
@@ -73,7 +74,7 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
     >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": ["accuracy"], "wieght": 2}])
     Traceback (most recent call last):
     ...
-    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, min_pixels, max_pixels
+    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, eval_correct_at, min_pixels, max_pixels
     >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": []}])
     Traceback (most recent call last):
     ...
@@ -89,6 +90,8 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
     suzak.SuzakError: datasets[0] ('a'): weight 0 must be a number above 0 (a source not to train on is left out)
     """
     import difflib
+
+    from suzak.scoring.rewards import check_correct_at
 
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence) or not entries:
         raise SuzakError("datasets: a list of sources, one mapping each (name, dataset, rewards, ...)")
@@ -134,6 +137,7 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
             value = entry.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise SuzakError(f"{where}: {key} {value!r} must be a whole number of 0 or more")
+        check_correct_at(entry.get("eval_correct_at"), f"{where}: eval_correct_at")
         low, high = entry.get("min_pixels"), entry.get("max_pixels")
         if low == 0 or (low is not None and high is not None and low > high):
             raise SuzakError(f"{where}: min_pixels {low} must be at least 1 and at most max_pixels ({high})")
@@ -144,7 +148,8 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
             name=name, dataset=entry["dataset"], options=dict(options), weight=float(weight), rewards=tuple(rewards),
             reward_weights=None if reward_weights is None else tuple(float(w) for w in reward_weights),
             reward_kwargs=dict(kwargs), prompt_template=entry.get("prompt_template") or default_template,
-            eval_rows=entry.get("eval_rows"), min_pixels=entry.get("min_pixels"), max_pixels=entry.get("max_pixels"),
+            eval_rows=entry.get("eval_rows"), eval_correct_at=entry.get("eval_correct_at"),
+            min_pixels=entry.get("min_pixels"), max_pixels=entry.get("max_pixels"),
         ))  # fmt: skip
     total = sum(source.weight for source in sources)
     return [Source(**source.settings, share=source.weight / total) for source in sources]

@@ -63,6 +63,7 @@ class RunInputs:
     # a mixture's budget per source name when any source sets its own min_pixels/max_pixels (each row is fitted to
     # its source's, and ``budget`` is then the one enclosing them all, for the processors and vLLM); else empty
     source_budgets: dict = field(default_factory=dict)
+    eval_correct_at: float | None = None  # one dataset's held-out threshold (a mixture's: each source's entry)
 
     @classmethod
     def read(cls, suzak_args, model_args, *, for_vllm: bool = False) -> RunInputs:
@@ -96,12 +97,17 @@ class RunInputs:
             template=get_template(suzak_args.prompt_template),
             family=getattr(config, "model_type", None),
             sources=sources,
+            eval_correct_at=suzak_args.eval_correct_at,
         )
 
     @property
     def scorers(self) -> dict[str, Callable] | None:
-        """A mixture's held-out score per source: its first reward (None: one dataset, :attr:`scorer`)."""
-        return {source.name: funcs[0] for source, funcs, _ in self.sources} or None
+        """A mixture's held-out score per source: its first reward as the held-out eval scores it, at the source's
+        ``eval_correct_at`` (:func:`suzak.scoring.rewards.heldout_scorer`; None: one dataset, :attr:`scorer`)."""
+        from suzak.scoring.rewards import heldout_scorer
+
+        scorers = {source.name: heldout_scorer(funcs[0], source.eval_correct_at) for source, funcs, _ in self.sources}
+        return scorers or None
 
     @property
     def reward_weights(self) -> list[float] | None:
@@ -112,8 +118,11 @@ class RunInputs:
 
     @property
     def scorer(self) -> Callable:
-        """The held-out generation eval's score: the first reward."""
-        return self.rewards[0]
+        """The held-out generation eval's score: the first reward as the held-out eval scores it, at the recipe's
+        ``eval_correct_at`` (:func:`suzak.scoring.rewards.heldout_scorer`)."""
+        from suzak.scoring.rewards import heldout_scorer
+
+        return heldout_scorer(self.rewards[0], self.eval_correct_at)
 
 
 def _source_budgets(sources, suzak_args, config) -> dict[str, PixelBudget]:

@@ -65,8 +65,8 @@ class SuzakArguments(VideoBudgetArguments):
 
     > Parameters that control the vLLM sampler check: ``sampler_check_steps``, ``sampler_logp_tolerance``
 
-    > Parameters that control the held-out evaluation during training: ``eval_rows``, ``eval_max_new_tokens``,
-    ``eval_batch_size``
+    > Parameters that control the held-out evaluation during training: ``eval_rows``, ``eval_correct_at``,
+    ``eval_max_new_tokens``, ``eval_batch_size``
 
     > Parameters that control faults, stops and resume: ``on_nonfinite``, ``stop_signals``,
     ``rank_failure_timeout``, ``checkpoint_mirror``, ``resume_override``
@@ -97,7 +97,7 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={
             "help": "A mixture in place of dataset_name: one mapping per source with its name, dataset (a builder, "
             "Hub alias, folder or .jsonl), options, weight, rewards, reward_weights, reward_kwargs, prompt_template, "
-            "eval_rows, min_pixels, max_pixels (docs/mixtures.md; a YAML list, or JSON on the CLI)."
+            "eval_rows, eval_correct_at, min_pixels, max_pixels (docs/mixtures.md; a YAML list, or JSON on the CLI)."
         },
     )
     max_train_rows: int | None = field(default=None, metadata={"help": "Keep only the first N rows (after shuffling)."})
@@ -232,6 +232,13 @@ class SuzakArguments(VideoBudgetArguments):
                           "reward (eval/accuracy); 0 turns it off. Synthetic datasets draw them past the training "
                           "range, others hold out their last eval_rows rows."},
     )  # fmt: skip
+    eval_correct_at: float | None = field(
+        default=None,
+        metadata={"help": "The first reward's score at which a held-out answer counts correct in eval/accuracy (a "
+                          "number in (0, 1]); default: the reward's own (full marks for a 0/1 reward, 0.5 for iou, "
+                          "dynamic_iou, anls, box_f1 and box_map, a judge's P(yes) above 0.5). A mixture's sources "
+                          "set theirs in their entries. eval/score logs the mean score beside it."},
+    )  # fmt: skip
     eval_max_new_tokens: int = field(default=256, metadata={"help": "Token limit of the held-out generations."})
     eval_batch_size: int = field(default=16, metadata={"help": "Batch size of the held-out generations."})
 
@@ -311,6 +318,9 @@ class SuzakArguments(VideoBudgetArguments):
                     raise SuzakError(f"--{name} must be {shape}: {error.msg}") from None
         if self.datasets is not None:
             self.mixture()  # every source's mistake, one line, before anything loads
+        from suzak.scoring.rewards import check_correct_at
+
+        check_correct_at(self.eval_correct_at, "--eval_correct_at")  # a bad threshold is one line, not a wrong figure
         # The model is not loaded yet: below the smallest token of every supported family is wrong for any model
         # (PixelBudget.for_model checks the model's own factor once its processor is loaded).
         factor = min(family_factors().values())
@@ -670,7 +680,7 @@ def _check_vllm_server(config) -> None:
                          "here (vLLM's CPU build runs it)")  # fmt: skip
 
 
-ONE_SOURCE_FIELDS = ("dataset_name", "dataset_options", "rewards", "reward_kwargs", "reward_weights")
+ONE_SOURCE_FIELDS = ("dataset_name", "dataset_options", "rewards", "reward_kwargs", "reward_weights", "eval_correct_at")
 
 
 def _check_mixture(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -> None:
@@ -683,8 +693,8 @@ def _check_mixture(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -
     if given:
         raise SuzakError(f"datasets: each source sets its own dataset and rewards, and {', '.join(given)} "
                          f"{'is' if len(given) == 1 else 'are'} set beside them (recipe, flags or .env): move "
-                         "them into the sources' entries (options, rewards, reward_weights, reward_kwargs) or "
-                         "drop them")  # fmt: skip
+                         "them into the sources' entries (options, rewards, reward_weights, reward_kwargs, "
+                         "eval_correct_at) or drop them")  # fmt: skip
 
 
 def _given(flags: list[str], name: str) -> bool:
