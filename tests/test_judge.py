@@ -458,3 +458,51 @@ def test_judge_figures_are_summed_over_two_ranks(tmp_path, run_env):
     for rank in (0, 1):
         logged = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert logged == {"judge/a/calls": 8.0, "judge/a/seconds": 2.0, "judge/b/calls": 4.0}, logged
+
+
+def _squares_without_gold(folder: Path, count: int = 16) -> Path:
+    """A JSONL file of red and blue squares with a question and no gold answer (rows for a reference-free judge)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        Image.new("RGB", (56, 56), (255, 0, 0) if i % 2 else (0, 0, 255)).save(folder / f"{i}.png")
+        lines.append(json.dumps({"image": f"{i}.png", "problem": "What color is the image?"}) + "\n")
+    (folder / "rows.jsonl").write_text("".join(lines))
+    return folder / "rows.jsonl"
+
+
+@pytest.mark.parametrize("preflight_rows", ["0", "4"])
+def test_a_reference_free_judge_trains_on_rows_without_a_gold_answer(preflight_rows, tmp_path, monkeypatch):
+    """``reference: false`` still needed a gold answer on every path: the JSONL builder refused a line without one,
+    the pre-flight wanted a ``solution`` column, and in a mixture (a gold column from the other source, None in the
+    judged one's rows) the judge read the missing gold at step 1 ("gold solution is None"). A gold-less source now
+    trains, alone and beside a rule-scored one, pre-flight on or off; a rule reward on gold-less rows is one line
+    naming the file's line before the weights load."""
+    import csv
+
+    from suzak.train import main
+
+    rows = _squares_without_gold(tmp_path / "data")
+    monkeypatch.setenv("SUZAK_ENV_FILE", str(tmp_path / "absent.env"))
+    with served_judge(lambda question: [("Yes", {"Yes": -0.1, "No": -2.4})]) as (url, _):
+        judge = {"model": "j", "base_url": url, "reference": False, "retries": 0}
+        main(["--config", "recipes/demo.yaml", "--dataset_name", str(rows), "--rewards", "judge", "--reward_kwargs",
+              json.dumps({"judge": judge}), "--eval_rows", "4", "--max_steps", "1", "--per_device_train_batch_size",
+              "8", "--num_generations", "4", "--max_completion_length", "8", "--preflight_rows", preflight_rows,
+              "--output_dir", str(tmp_path / "alone")])  # fmt: skip
+        sources = [{"name": "judged", "dataset": str(rows), "prompt_template": "plain", "rewards": ["judge"],
+                    "reward_kwargs": {"judge": judge}},
+                   {"name": "ruled", "dataset": "color_squares", "options": {"num_rows": 16}, "prompt_template": "plain",
+                    "rewards": ["word_match"]}]  # fmt: skip
+        main(["--config", "recipes/mixture_smoke.yaml", "--datasets", json.dumps(sources), "--eval_rows", "4",
+              "--max_steps", "1", "--per_device_train_batch_size", "8", "--max_completion_length", "8",
+              "--preflight_rows", preflight_rows, "--output_dir", str(tmp_path / "mixed")])  # fmt: skip
+    for run in ("alone", "mixed"):
+        with open(tmp_path / run / "metrics.csv", newline="") as file:
+            steps = [row for row in csv.DictReader(file) if row.get("step_time")]
+        assert len(steps) == 1, run
+    line = _train_stops_before_the_weights_load(["--dataset_name", str(rows), "--rewards", "word_match"], tmp_path,
+                                                monkeypatch)  # fmt: skip
+    assert line.startswith(f"error: {rows} line 1, column solution: no gold answer, which word_match read(s)"), line

@@ -259,10 +259,12 @@ def jsonl(path: str | Path, *, image_root: str | Path | None = None, template: s
     path = Path(path)
     root = Path(image_root) if image_root is not None else path.parent
     records, missing = [], []
-    for number, row in read_jsonl(path):
-        records.append(jsonl_record(row, number, path, root, template, missing))
+    for number, row in read_jsonl(path):  # a line without a gold answer is for a reference-free judge: the rewards
+        records.append(jsonl_record(row, number, path, root, template, missing, need_gold=False))  # that read one say so
     if not records:
         raise SuzakError(f"{path}: no rows")
+    if all(r["solution"] is None for r in records):  # no gold anywhere: no column (a judge then judges without one)
+        records = [{k: v for k, v in r.items() if k != "solution"} for r in records]
     videos = [r for r in records if "video" in r]
     if missing:
         kind = "image or video file(s)" if videos else "image(s)"
@@ -294,13 +296,17 @@ def _gold_text(gold) -> str:
     return json.dumps(gold) if isinstance(gold, list) else str(gold)
 
 
-def jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str]) -> dict:
+def jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, missing: list[str], *,
+                 need_gold: bool = True) -> dict:  # fmt: skip
     """One JSONL line (``number`` of ``path``) as a data row: its prompt rendered with ``template``, its media paths
     resolved against ``root`` (``image``, ``images``, or ``video`` with ``video_fps``), ``problem``, ``solution`` and
     the line's own keys; a line it cannot read is one line naming file and line. Paths that are not files are added
-    to ``missing``. Training's :func:`jsonl` and ``suzak.eval jsonl`` read lines with it."""
+    to ``missing``. Training's :func:`jsonl` and ``suzak.eval jsonl`` read lines with it; training's takes a line
+    without a gold answer (``need_gold`` False: ``solution`` None, for a reference-free judge; the validation names a
+    line whose gold a reward reads), the eval's needs one."""
     question_key, gold_key = _first_key(row, _QUESTION_KEYS), _first_key(row, _GOLD_KEYS)
-    if question_key is None or gold_key is None:
+    gold = None if gold_key is None else row[gold_key]
+    if question_key is None or (gold is None and need_gold):
         raise SuzakError(f"{path}:{number}: need a question ({'/'.join(_QUESTION_KEYS)}) and a gold answer "
                          f"({'/'.join(_GOLD_KEYS)}); got keys {sorted(row)}")  # fmt: skip
     image_key = "images" if "images" in row else _first_key(row, _IMAGE_KEYS)
@@ -335,7 +341,7 @@ def jsonl_record(row: dict, number: int, path: Path, root: Path, template: str, 
         **_with_prompt({"problem": row[question_key]}, template, 0 if is_video else len(paths), video=is_video),
         **media,
         "problem": str(row[question_key]),
-        "solution": _gold_text(row[gold_key]),
+        "solution": None if gold is None else _gold_text(gold),
         "line": number,
         **{k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in own.items()},
     }

@@ -130,7 +130,7 @@ class JudgeSettings:
         default=None, metadata={"help": "the environment variable (.env) holding the endpoint's key; none: no key"}
     )
     reference: bool | None = field(
-        default=None, metadata={"help": "show the judge the row's gold answer (default: where the rows have one)"}
+        default=None, metadata={"help": "show the judge the row's gold answer (default: where the row has one)"}
     )
     verdict: str = field(default="yes_no", metadata={"help": "yes_no (P(yes) or the reply's yes/no) or grade"})
     grade_max: int = field(default=10, metadata={"help": "the top of the grade scale (verdict: grade)"})
@@ -526,14 +526,18 @@ def judge_items(settings: JudgeSettings, prompts: list, completions: list, solut
            ) -> list[JudgeItem | None]:  # fmt: skip
     """Each completion's question to the judge; None where the completion has no answer to judge (in the run's
     answer format), which scores 0.0 without a call, as a rule reward scores a missing answer."""
-    reference = settings.reference if settings.reference is not None else solution is not None
-    if reference and solution is None:
+    if settings.reference and solution is None:
         raise SuzakError("judge: reference: true but the rows have no solution column (reference: false judges "
                          "without a gold answer)")  # fmt: skip
     read = text_parser(settings.answer_format)
-    template = settings.template(reference)
     items: list[JudgeItem | None] = []
     for i, completion in enumerate(completions):
+        gold = None if solution is None else solution[i]
+        if settings.reference and gold is None:
+            raise SuzakError("judge: reference: true but a row has no gold answer (a JSONL line without solution, "
+                             "or a mixture's source without one; reference: false judges without it)")  # fmt: skip
+        reference = settings.reference if settings.reference is not None else gold is not None  # default: per row
+        template = settings.template(reference)
         answer = read(completion_text(completion))
         if answer is None:
             items.append(None)
@@ -541,7 +545,7 @@ def judge_items(settings: JudgeSettings, prompts: list, completions: list, solut
         row = {"prompt": prompts[i], **{name: values[i] for name, values in columns.items()}}
         pictures = _row_pictures(row) if settings.image_column is None else _column_images(settings, columns, i)
         text = template.format(question=question_text(prompts[i]), answer=answer, grade_max=settings.grade_max,
-                               reference=gold_answer(solution[i]) if reference else "")  # fmt: skip
+                               reference=gold_answer(gold) if reference else "")  # fmt: skip
         items.append(JudgeItem(text, pictures[0] if pictures else None))
     return items
 

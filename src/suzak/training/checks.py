@@ -83,12 +83,16 @@ def preflight(
     ...
     suzak.SuzakError: reward pre-flight failed: reward 'clevr_count' returned 0.0 (expected 1.0) ...
     """
-    rows = _head_rows(dataset, num_rows)
-    ideals = [after_opening(ideal, opening) for ideal in _ideal_completions(rows, answer_format)]
     weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     if len(weights) != len(reward_funcs):
         raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
     checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0 and not reads_rollout(f)]
+    if checked and all(is_judge(f) for f in checked) and not _has_gold(dataset):
+        logger.info("reward pre-flight skipped: the rows have no gold answer (solution) to tell the judge's right "
+                    "answer from a wrong one with (its settings were checked before the weights load)")  # fmt: skip
+        return
+    rows = _head_rows(dataset, num_rows)
+    ideals = [after_opening(ideal, opening) for ideal in _ideal_completions(rows, answer_format)]
     for func in checked:
         if is_judge(func):
             _check_judge(func, rows, ideals, answer_format, opening)
@@ -101,6 +105,13 @@ def preflight(
         answer_format,
         len(rows),
     )
+
+
+def _has_gold(dataset) -> bool:
+    """Whether the rows carry gold answers: a ``solution`` column whose first row has one (a reference-free judge's
+    rows may have none: a JSONL file without them)."""
+    first = next(iter(dataset), None)
+    return first is not None and first.get("solution") is not None
 
 
 def _head_rows(dataset: Iterable[dict], num_rows: int) -> list[dict]:
@@ -392,6 +403,9 @@ def _row_problem(row: dict, index: int, budget: PixelBudget, gold_parsers: dict,
         return problem | {"column": QUESTION_BOXES_COLUMN, "reason": reason}
     if gold_parsers:
         gold = row.get("solution")
+        if gold is None:  # a line without one (for a reference-free judge) under a reward that reads one
+            return problem | {"column": "solution", "reason": f"no gold answer, which {', '.join(gold_parsers)} "
+                              "read(s) (a JSONL line's solution, ground_truth or answer)"}  # fmt: skip
         for name, parse in gold_parsers.items():
             try:
                 value = parse(gold_answer(gold))
