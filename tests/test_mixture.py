@@ -76,6 +76,17 @@ def test_each_sources_rewards_score_only_its_rows():
     ({"reward_kwargs": {"iou": {}}}, r"reward_kwargs for iou, which is not among its rewards \(word_match\)"),
     ({"reward_weights": [1, 2]}, r"2 reward_weights for 1 rewards \(word_match\)"),
     ({"dataset": ""}, r"'dataset' is required"),
+    ({"reward_weights": 0.5}, r"datasets\[0\] \('colour'\): reward_weights 0.5 must be a list of numbers, one per "
+                              r"reward \(word_match\)"),
+    ({"reward_weights": ["high"]}, r"datasets\[0\] \('colour'\): reward_weights \['high'\] must be a list of numbers"),
+    ({"reward_kwargs": ["word_match"]}, r"datasets\[0\] \('colour'\): reward_kwargs \['word_match'\] must be a mapping "
+                                        "of reward name to its keyword arguments"),
+    ({"reward_kwargs": {"word_match": 0.5}}, r"datasets\[0\] \('colour'\): reward_kwargs of word_match 0.5 must be a "
+                                             "mapping of its keyword arguments"),
+    ({"rewards": ["word_match", 3]}, r"datasets\[0\] \('colour'\): rewards \['word_match', 3\] must be a list of "
+                                     "reward names"),
+    ({"name": "my source"}, r"datasets\[0\] \('my source'\): name 'my source' names metric columns "
+                            r"\(sources/<name>/...\): letters, digits, '_' and '-' only"),
 ])  # fmt: skip
 def test_a_bad_source_is_one_line_naming_it(change, message):
     with pytest.raises(SuzakError, match=message):
@@ -411,3 +422,64 @@ def test_sft_on_a_mixture_of_text_and_image_sources_is_one_line_before_the_weigh
                              "--output_dir", str(tmp_path)])  # fmt: skip
     with pytest.raises(SuzakError, match=r"^suzak.sft on a mixture: source\(s\) 'maths' have rows without an image"):
         sft_trainer(*parsed)
+
+
+# --- issue 67: mixtures as a long real run uses them ------------------------------------------------------------------
+
+
+def test_skip_bad_rows_lists_every_sources_bad_rows_once_per_run(tmp_path):
+    """``skipped_rows.jsonl`` was written source by source, each over the last: only the last source's bad rows were
+    listed. It now lists every source's, written once per run: a second run replaces the list instead of adding to
+    it, and a run without bad rows removes it."""
+    from suzak.training.build import RunInputs, build_datasets
+    from suzak.training.configs import parse_args
+    from test_validation import write_dataset
+
+    folders = {name: tmp_path / name for name in ("a", "b", "good")}
+    for folder in folders.values():
+        folder.mkdir()
+    write_dataset(folders["a"], [("good.png", "3")] * 9 + [("text.png", "3")])  # line 10: not an image
+    write_dataset(folders["b"], [("good.png", "4")] * 8 + [("good.png", "many"), ("good.png", "4")])  # line 9
+    write_dataset(folders["good"], [("good.png", "5")] * 10)
+    out = tmp_path / "run"
+    listing = out / "skipped_rows.jsonl"
+
+    def build(first: str, second: str) -> None:
+        sources = [{"name": name, "dataset": str(folders[folder] / "data.jsonl"), "prompt_template": "r1v",
+                    "rewards": ["clevr_count"]} for name, folder in (("a", first), ("b", second))]  # fmt: skip
+        suzak_args, args, model_args = parse_args([
+            "--config", "recipes/mixture_smoke.yaml", "--datasets", json.dumps(sources), "--skip_bad_rows", "true",
+            "--max_bad_fraction", "0.2", "--eval_rows", "0", "--output_dir", str(out)])  # fmt: skip
+        build_datasets(suzak_args, args, RunInputs.read(suzak_args, model_args))
+
+    for _ in range(2):
+        build("a", "b")
+        listed = [json.loads(line) for line in listing.read_text().splitlines()]
+        assert [(row["source"], row["line"], row["column"]) for row in listed] == [("a", 10, "image"),
+                                                                                   ("b", 9, "solution")]  # fmt: skip
+    build("good", "good")
+    assert not listing.exists()
+
+
+def test_a_sources_own_eval_rows_without_eval_steps_stop_before_the_weights_load(tmp_path, monkeypatch):
+    """A source's own ``eval_rows`` with no ``eval_steps`` (and the recipe's eval_rows 0) was refused once the
+    weights had loaded; the parser refuses it now, in the same words."""
+    import yaml
+
+    import suzak.training.build as build
+    from suzak.train import main
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the weights loaded")
+
+    monkeypatch.setattr(build, "load_policy", loaded)
+    with open("recipes/mixture_smoke.yaml") as file:
+        recipe = yaml.safe_load(file)
+    del recipe["eval_steps"]
+    recipe.update(eval_rows=0, output_dir=str(tmp_path / "run"))
+    recipe["datasets"][1]["eval_rows"] = 4
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", str(path)])
+    assert str(stop.value.code) == "error: eval_rows needs eval_steps: how often to generate the held-out answers"

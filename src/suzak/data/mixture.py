@@ -25,6 +25,7 @@ rewards are routed by (:func:`suzak.scoring.rewards.routed`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -59,8 +60,13 @@ class Source:
         """The entry's fields as a recipe writes them (for records and messages)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "share"}
 
+    def held_out_rows(self, recipe_eval_rows: int) -> int:
+        """This source's held-out rows: its own ``eval_rows``, else the recipe's."""
+        return recipe_eval_rows if self.eval_rows is None else self.eval_rows
+
 
 KEYS = tuple(f.name for f in fields(Source) if f.name != "share")
+NAME = re.compile(r"[A-Za-z0-9_-]+")  # a source's name is part of metric names (sources/<name>/...) and file names
 
 
 def _where(index: int, entry: Mapping) -> str:
@@ -88,71 +94,115 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
     Traceback (most recent call last):
     ...
     suzak.SuzakError: datasets[0] ('a'): weight 0 must be a number above 0 (a source not to train on is left out)
+    >>> parse_sources([{"name": "my source", "dataset": "x.jsonl", "rewards": ["iou"]}])
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('my source'): name 'my source' names metric columns (sources/<name>/...): letters, digits, '_' and '-' only
     """
-    import difflib
-
-    from suzak.scoring.rewards import check_correct_at
-
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence) or not entries:
         raise SuzakError("datasets: a list of sources, one mapping each (name, dataset, rewards, ...)")
     sources, seen = [], {}
     for index, entry in enumerate(entries):
         where = _where(index, entry)
-        if not isinstance(entry, Mapping):
-            raise SuzakError(f"{where}: a mapping (name, dataset, rewards, ...), got {type(entry).__name__}")
-        for key in entry:
-            if key not in KEYS:
-                near = difflib.get_close_matches(str(key), KEYS, n=1)
-                hint = f" (did you mean {near[0]!r}?)" if near else ""
-                raise SuzakError(f"{where}: unknown key {key!r}{hint}; a source's keys: {', '.join(KEYS)}")
-        for key in ("name", "dataset"):
-            if not isinstance(entry.get(key), str) or not entry[key]:
-                raise SuzakError(f"{where}: {key!r} is required (a non-empty string)")
-        name = entry["name"]
-        if name in seen:
-            raise SuzakError(f"{where}: a second source named {name!r} (datasets[{seen[name]}]); each source needs "
-                             "its own name")  # fmt: skip
-        if "/" in name or name.strip() != name:
-            raise SuzakError(f"{where}: name {name!r} names metric columns (sources/<name>/...): no '/' or spaces")
-        seen[name] = index
-        weight = entry.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-            raise SuzakError(f"{where}: weight {weight!r} must be a number above 0 (a source not to train on is "
-                             "left out)")  # fmt: skip
-        rewards = entry.get("rewards") or []
-        if isinstance(rewards, str):
-            rewards = [rewards]
-        if not rewards:
-            raise SuzakError(f"{where}: no rewards: each source names the rewards that score its rows")
-        reward_weights = entry.get("reward_weights")
-        if reward_weights is not None and len(reward_weights) != len(rewards):
-            raise SuzakError(f"{where}: {len(reward_weights)} reward_weights for {len(rewards)} rewards "
-                             f"({', '.join(rewards)})")  # fmt: skip
-        kwargs = entry.get("reward_kwargs") or {}
-        stray = sorted(set(kwargs) - set(rewards))
-        if stray:
-            raise SuzakError(f"{where}: reward_kwargs for {', '.join(stray)}, which is not among its rewards "
-                             f"({', '.join(rewards)})")  # fmt: skip
-        for key in ("eval_rows", "min_pixels", "max_pixels"):
-            value = entry.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise SuzakError(f"{where}: {key} {value!r} must be a whole number of 0 or more")
-        check_correct_at(entry.get("eval_correct_at"), f"{where}: eval_correct_at")
-        low, high = entry.get("min_pixels"), entry.get("max_pixels")
-        if low == 0 or (low is not None and high is not None and low > high):
-            raise SuzakError(f"{where}: min_pixels {low} must be at least 1 and at most max_pixels ({high})")
+        _check_entry(where, entry, seen)
+        seen[entry["name"]] = index
+        rewards, reward_weights, kwargs = _rewards_of(where, entry)
         options = entry.get("options") or {}
         if not isinstance(options, Mapping):
             raise SuzakError(f"{where}: options must be a mapping of the builder's options, got {options!r}")
         sources.append(Source(
-            name=name, dataset=entry["dataset"], options=dict(options), weight=float(weight), rewards=tuple(rewards),
-            reward_weights=None if reward_weights is None else tuple(float(w) for w in reward_weights),
-            reward_kwargs=dict(kwargs), prompt_template=entry.get("prompt_template") or default_template,
-            eval_rows=entry.get("eval_rows"), eval_correct_at=entry.get("eval_correct_at"),
-            min_pixels=entry.get("min_pixels"), max_pixels=entry.get("max_pixels"),
+            name=entry["name"], dataset=entry["dataset"], options=dict(options), weight=float(entry.get("weight", 1.0)),
+            rewards=rewards, reward_weights=reward_weights, reward_kwargs=kwargs,
+            prompt_template=entry.get("prompt_template") or default_template, eval_rows=entry.get("eval_rows"),
+            eval_correct_at=entry.get("eval_correct_at"), min_pixels=entry.get("min_pixels"),
+            max_pixels=entry.get("max_pixels"),
         ))  # fmt: skip
     total = sum(source.weight for source in sources)
     return [Source(**source.settings, share=source.weight / total) for source in sources]
+
+
+def _check_entry(where: str, entry: Any, seen: Mapping[str, int]) -> None:
+    """An entry's keys, name, dataset, weight and whole numbers, each mistake one line (``where`` names the entry)."""
+    import difflib
+
+    if not isinstance(entry, Mapping):
+        raise SuzakError(f"{where}: a mapping (name, dataset, rewards, ...), got {type(entry).__name__}")
+    for key in entry:
+        if key not in KEYS:
+            near = difflib.get_close_matches(str(key), KEYS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise SuzakError(f"{where}: unknown key {key!r}{hint}; a source's keys: {', '.join(KEYS)}")
+    for key in ("name", "dataset"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise SuzakError(f"{where}: {key!r} is required (a non-empty string)")
+    name = entry["name"]
+    if name in seen:
+        raise SuzakError(f"{where}: a second source named {name!r} (datasets[{seen[name]}]); each source needs its "
+                         "own name")  # fmt: skip
+    if not NAME.fullmatch(name):
+        raise SuzakError(f"{where}: name {name!r} names metric columns (sources/<name>/...): letters, digits, '_' "
+                         "and '-' only")  # fmt: skip
+    weight = entry.get("weight", 1.0)
+    if not _is_number(weight) or weight <= 0:
+        raise SuzakError(f"{where}: weight {weight!r} must be a number above 0 (a source not to train on is left "
+                         "out)")  # fmt: skip
+    for key in ("eval_rows", "min_pixels", "max_pixels"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SuzakError(f"{where}: {key} {value!r} must be a whole number of 0 or more")
+    from suzak.scoring.rewards import check_correct_at
+
+    check_correct_at(entry.get("eval_correct_at"), f"{where}: eval_correct_at")
+    low, high = entry.get("min_pixels"), entry.get("max_pixels")
+    if low == 0 or (low is not None and high is not None and low > high):
+        raise SuzakError(f"{where}: min_pixels {low} must be at least 1 and at most max_pixels ({high})")
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _rewards_of(where: str, entry: Mapping) -> tuple[tuple[str, ...], tuple[float, ...] | None, dict]:
+    """(rewards, reward weights or None, reward kwargs) of an entry, each a list, numbers or mappings as the recipe
+    must write them; anything else is one line naming the entry, not a traceback further on.
+
+    >>> _rewards_of("datasets[0] ('a')", {"rewards": ["iou"], "reward_weights": 0.5})
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): reward_weights 0.5 must be a list of numbers, one per reward (iou)
+    >>> _rewards_of("datasets[0] ('a')", {"rewards": ["iou"], "reward_kwargs": ["iou"]})
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): reward_kwargs ['iou'] must be a mapping of reward name to its keyword arguments
+    """
+    rewards = entry.get("rewards") or []
+    rewards = [rewards] if isinstance(rewards, str) else rewards
+    if not isinstance(rewards, (list, tuple)) or not all(isinstance(name, str) and name for name in rewards):
+        raise SuzakError(f"{where}: rewards {rewards!r} must be a list of reward names (registry names or dotted "
+                         "paths)")  # fmt: skip
+    if not rewards:
+        raise SuzakError(f"{where}: no rewards: each source names the rewards that score its rows")
+    named = ", ".join(rewards)
+    weights = entry.get("reward_weights")
+    if weights is not None:
+        if not isinstance(weights, (list, tuple)) or not all(_is_number(w) for w in weights):
+            raise SuzakError(f"{where}: reward_weights {weights!r} must be a list of numbers, one per reward "
+                             f"({named})")  # fmt: skip
+        if len(weights) != len(rewards):
+            raise SuzakError(f"{where}: {len(weights)} reward_weights for {len(rewards)} rewards ({named})")
+        weights = tuple(float(w) for w in weights)
+    kwargs = entry.get("reward_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise SuzakError(f"{where}: reward_kwargs {kwargs!r} must be a mapping of reward name to its keyword "
+                         "arguments")  # fmt: skip
+    stray = sorted(set(kwargs) - set(rewards))
+    if stray:
+        raise SuzakError(f"{where}: reward_kwargs for {', '.join(map(str, stray))}, which is not among its rewards "
+                         f"({named})")  # fmt: skip
+    for name, value in kwargs.items():
+        if value is not None and not isinstance(value, Mapping):
+            raise SuzakError(f"{where}: reward_kwargs of {name} {value!r} must be a mapping of its keyword arguments")
+    return tuple(rewards), weights, dict(kwargs)
 
 
 def mixture_counts(weights: Sequence[float], total: int) -> list[int]:

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 # row i depends on (seed, start + i) alone: held-out rows are the next indices
 SYNTHETIC_DATASETS = ("clevr_synthetic", "gsm8k_synthetic", "gui_click", "zoom_checks")
+SKIPPED_ROWS = "skipped_rows.jsonl"  # in OUTPUT_DIR: the rows skip_bad_rows dropped, every source's
 
 
 @dataclass(frozen=True)
@@ -299,14 +300,25 @@ def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> 
 
 def build_datasets(suzak_args, train_args, inputs: RunInputs):
     """(train dataset, held-out rows or None), every row validated before step 1 against ``inputs``' budget and
-    rewards. Held-out rows are never trained on."""
+    rewards; the rows ``skip_bad_rows`` drops, every source's, listed once (:func:`_list_skipped`); held-out rows
+    without ``eval_steps`` stopped here, before the weights load. Held-out rows are never trained on."""
+    skipped: list[dict] = []
+    if inputs.sources:
+        dataset, heldout = _mixture(suzak_args, train_args, inputs, skipped)
+    else:
+        dataset, heldout = _one_dataset(suzak_args, train_args, inputs, skipped)
+    _list_skipped(skipped, train_args)
+    if heldout:
+        check_eval_cadence(len(heldout), train_args.eval_steps)
+    return dataset, heldout
+
+
+def _one_dataset(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]):
     from suzak.data import build_dataset
 
-    if inputs.sources:
-        return _mixture(suzak_args, train_args, inputs)
     options = dict(suzak_args.dataset_options or {})
     options.setdefault("template", suzak_args.prompt_template)
-    dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs)
+    dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs, skipped)
     dataset, heldout = _held_out(suzak_args.dataset_name, options, dataset, suzak_args.eval_rows)
     if suzak_args.max_train_rows is not None:
         dataset = dataset.shuffle(seed=train_args.seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
@@ -331,7 +343,7 @@ def _held_out(name: str, options: dict, dataset, eval_rows: int):
     return dataset.select(range(len(dataset) - count)), list(dataset.select(range(len(dataset) - count, len(dataset))))
 
 
-def _mixture(suzak_args, train_args, inputs: RunInputs):
+def _mixture(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]):
     """(training rows, held-out rows or None) of a mixture (:func:`suzak.data.mixture.combine`): each source built
     with its options and template, its rows validated against its own rewards, its rewards' pre-flight run on its
     own rows, its held-out rows (its ``eval_rows``, else the recipe's) named by their source."""
@@ -350,15 +362,15 @@ def _mixture(suzak_args, train_args, inputs: RunInputs):
         budget = inputs.source_budgets.get(source.name, inputs.budget)
         own = replace(inputs, rewards=funcs, sources=(), source_budgets={}, budget=budget)
         try:
-            dataset = _validated(build_dataset(source.dataset, **options), suzak_args, train_args, own, source.name)
+            dataset = _validated(build_dataset(source.dataset, **options), suzak_args, train_args, own, skipped,
+                                 source.name)  # fmt: skip
             if suzak_args.preflight_rows > 0:
                 rows = (with_box_frame(row, inputs.family, budget) for row in dataset)
                 preflight(rows, funcs, template.answer_format, num_rows=suzak_args.preflight_rows,
                           reward_weights=list(source.reward_weights) if source.reward_weights else None)  # fmt: skip
         except SuzakError as error:
             raise SuzakError(f"source {source.name!r}: {error}") from None
-        eval_rows = suzak_args.eval_rows if source.eval_rows is None else source.eval_rows
-        dataset, held = _held_out(source.dataset, options, dataset, eval_rows)
+        dataset, held = _held_out(source.dataset, options, dataset, source.held_out_rows(suzak_args.eval_rows))
         named = {SOURCE_COLUMN: source.name}
         if inputs.source_budgets:  # each row fitted to its source's budget, in training, vLLM and the held-out eval
             if PIXEL_BUDGET_COLUMN in dataset.column_names:
@@ -375,10 +387,10 @@ def _mixture(suzak_args, train_args, inputs: RunInputs):
     return mixed, heldout or None
 
 
-def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | None = None):
+def _validated(dataset, suzak_args, train_args, inputs: RunInputs, skipped: list[dict], name: str | None = None):
     """``dataset`` once every row passes :func:`suzak.training.checks.validate_rows`; else one line naming the first bad row,
-    or, with ``skip_bad_rows``, the good rows (the bad ones listed in ``OUTPUT_DIR/skipped_rows.jsonl``). Images for a
-    text-only model (a budget without a patch factor) are one line too."""
+    or, with ``skip_bad_rows``, the good rows (the bad ones added to ``skipped``, for ``OUTPUT_DIR/skipped_rows.jsonl``).
+    Images for a text-only model (a budget without a patch factor) are one line too."""
     from suzak.media.video import VIDEO_COLUMN
     from suzak.media.vision import image_columns
     from suzak.scoring.rewards import gold_parser
@@ -404,15 +416,25 @@ def _validated(dataset, suzak_args, train_args, inputs: RunInputs, name: str | N
     if len(problems) > suzak_args.max_bad_fraction * len(dataset):
         raise SuzakError(f"{bad}, more than max_bad_fraction {suzak_args.max_bad_fraction:g} of them: fix the data "
                          f"(first: {first.where(source)}, column {first.column}: {first.reason})")  # fmt: skip
-    listing = Path(train_args.output_dir) / "skipped_rows.jsonl"
-    if train_args.process_index == 0:
-        listing.parent.mkdir(parents=True, exist_ok=True)
-        listing.write_text("".join(json.dumps({"source": source, **vars(p)}) + "\n" for p in problems),
-                           encoding="utf-8")  # fmt: skip
+    listing = Path(train_args.output_dir) / SKIPPED_ROWS
+    skipped += [{"source": source, **vars(p)} for p in problems]
     logger.warning("skip_bad_rows: %s dropped (first: %s, column %s: %s); all listed in %s", bad,
                    first.where(source), first.column, first.reason, listing)  # fmt: skip
     dropped = {p.index for p in problems}
     return dataset.select([i for i in range(len(dataset)) if i not in dropped])
+
+
+def _list_skipped(skipped: list[dict], train_args) -> None:
+    """``OUTPUT_DIR/skipped_rows.jsonl``: every row ``skip_bad_rows`` dropped, every source's, written once per run
+    (main process): it replaces an earlier run's list in that folder, and a run that dropped none removes it."""
+    if train_args.process_index != 0:
+        return
+    listing = Path(train_args.output_dir) / SKIPPED_ROWS
+    if not skipped:
+        listing.unlink(missing_ok=True)
+        return
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_text("".join(json.dumps(row) + "\n" for row in skipped), encoding="utf-8")
 
 
 def check_judges(rewards: list[Callable], sources: tuple = ()) -> None:
@@ -445,14 +467,13 @@ def check_judges(rewards: list[Callable], sources: tuple = ()) -> None:
 
 def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class, budget: PixelBudget,
                   video_budget: VideoBudget, toolset=None, scorers: dict[str, Callable] | None = None):  # fmt: skip
-    """The generation-eval callback for the held-out rows (None without them), scored by ``scorer`` (the first
-    reward) with the budgets the trainer runs with; with ``toolset``, answered through the tool loop as the rollouts
-    are."""
+    """The generation-eval callback for the held-out rows (None without them; :func:`build_datasets` checked their
+    ``eval_steps``), scored by ``scorer`` (the first reward) with the budgets the trainer runs with; with
+    ``toolset``, answered through the tool loop as the rollouts are."""
     from suzak.runs.generation_eval import GenerationEvalCallback
 
     if not heldout:
         return None
-    check_eval_cadence(len(heldout), args.eval_steps)
     return GenerationEvalCallback(
         heldout, scorer, processing_class, eval_steps=int(args.eval_steps), budget=budget, video_budget=video_budget,
         batch_size=suzak_args.eval_batch_size, max_new_tokens=suzak_args.eval_max_new_tokens,

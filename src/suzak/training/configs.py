@@ -307,6 +307,12 @@ class SuzakArguments(VideoBudgetArguments):
             return None
         return parse_sources(self.datasets, default_template=self.prompt_template)
 
+    def held_out_rows(self) -> int:
+        """Held-out rows the recipe asks for: ``eval_rows``, or a mixture's sources' own (each its ``eval_rows``, else
+        the recipe's), together."""
+        sources = self.mixture()
+        return sum(s.held_out_rows(self.eval_rows) for s in sources) if sources else self.eval_rows
+
     def __post_init__(self):
         for name in ("dataset_options", "reward_kwargs", "datasets"):
             value = getattr(self, name)
@@ -554,7 +560,7 @@ def _parse(config_class, argv: list[str] | None):
     _check_quantization(suzak_args, config, model_args)
     _check_tools(suzak_args, config)
     _check_dynamic_sampling(suzak_args, config)
-    check_eval_cadence(suzak_args.eval_rows, config.eval_steps)
+    check_eval_cadence(suzak_args.held_out_rows(), config.eval_steps)
     if suzak_args.on_nonfinite == "skip" and config.deepspeed:
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
