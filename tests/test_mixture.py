@@ -18,16 +18,32 @@ TWO = [{"name": "colour", "dataset": "color_squares", "options": {"num_rows": 40
 
 
 def test_a_pass_follows_the_weights_in_every_stretch_and_depends_on_the_seed_alone():
-    order = mixture_order([40, 20, 5], [3, 1, 1], seed=0, total=500)
-    counts = Counter(source for source, _ in order)
-    assert [counts[i] for i in range(3)] == [300, 100, 100]
+    picks, rows = mixture_order([150, 50, 5], [3, 1, 1], seed=0, total=500)  # passes of 205 rows: 123, 41, 41
+    assert Counter(picks.tolist()) == {0: 300, 1: 100, 2: 100}
     for start in range(0, 500, 50):  # every stretch of 50 rows keeps the shares within a row
-        window = Counter(source for source, _ in order[start : start + 50])
+        window = Counter(picks[start : start + 50].tolist())
         assert abs(window[0] - 30) <= 1 and abs(window[1] - 10) <= 1 and abs(window[2] - 10) <= 1
-    small = [row for source, row in order if source == 2]  # 100 draws from 5 rows: 20 full passes
+    small = rows[picks == 2].tolist()  # 100 draws from 5 rows: 20 permutations, across the passes
     assert all(sorted(small[i : i + 5]) == list(range(5)) for i in range(0, 100, 5))
-    assert order == mixture_order([40, 20, 5], [3, 1, 1], seed=0, total=500)
-    assert order != mixture_order([40, 20, 5], [3, 1, 1], seed=1, total=500)
+    again, other = mixture_order([150, 50, 5], [3, 1, 1], seed=0, total=500), mixture_order([150, 50, 5], [3, 1, 1],
+                                                                                             seed=1, total=500)  # fmt: skip
+    assert (again[1] == rows).all() and not (other[1] == rows).all()
+
+
+def test_each_source_walks_its_own_permutations_pass_after_pass_so_an_epoch_draws_every_row():
+    """Issue 67: 10,000 rows beside 100 at equal weights give a pass 5,050 rows of each; the large source's other
+    4,950 rows were never drawn. Its draws now go on through its permutation from one pass to the next, and an epoch
+    is the fewest passes in which every row of every source is drawn (here 2)."""
+    from suzak.data.mixture import Epoch
+
+    picks, rows = mixture_order([10000, 100], [1, 1], seed=0)
+    assert len(picks) == 20200 and Counter(picks.tolist()) == {0: 10100, 1: 10100}
+    large = rows[picks == 0]
+    assert sorted(large[:10000].tolist()) == list(range(10000))  # every row once before any twice, across passes
+    assert (large[:5050] == mixture_order([10000, 100], [1, 1], seed=0, total=10100)[1][::2]).all()  # one stream
+    assert Epoch.of([10000, 100], [1, 1], batch=16).rows == 20208  # whole generation batches: TRL drops a last part
+    capped = Epoch.of([2_000_000, 10], [1, 100])  # 19,802 draws of the large source a pass, ~101 passes to draw all
+    assert not capped.whole and capped.passes == 2 and capped.rows <= 1 << 22
 
 
 def test_combine_names_each_rows_source_and_fills_the_columns_another_source_has():
@@ -35,8 +51,10 @@ def test_combine_names_each_rows_source_and_fills_the_columns_another_source_has
 
     sources = parse_sources(TWO)
     parts = [build_dataset(s.dataset, **s.options) for s in sources]
-    mixed = combine(parts, sources, seed=0)
-    assert len(mixed) == 60 and Counter(mixed["source"]) == {"colour": 45, "boxes": 15}
+    mixed = combine(parts, sources, seed=0)  # passes of 60 rows, 45 and 15: the colour source's 40 rows take 2
+    assert len(mixed) == 120 and Counter(mixed["source"]) == {"colour": 90, "boxes": 30}
+    assert {(row["source"], row["source_row"]) for row in mixed} == {
+        *(("colour", i) for i in range(40)), *(("boxes", i) for i in range(20))}  # fmt: skip
     assert set(parts[1].column_names) - set(parts[0].column_names) <= set(mixed.column_names)
     colour = next(row for row in mixed if row["source"] == "colour")
     assert colour["image"] is not None and colour["solution"] in ("red", "blue")
@@ -115,8 +133,10 @@ def test_the_mixture_recipe_trains_each_source_scored_by_its_own_rewards_alone(t
     from conftest import run_ok
 
     out = tmp_path / "run"
+    # unshuffled, every batch holds the epoch's interleaving (3 colour rows, 1 box row); TRL's shuffle of the epoch
+    # gives a step of 4 prompts no box row with probability 0.3, and 4 steps none with seed 0
     result = run_ok([sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml", "--max_steps", "4",
-                     "--output_dir", str(out)], run_env)  # fmt: skip
+                     "--shuffle_dataset", "false", "--output_dir", str(out)], run_env)  # fmt: skip
     assert "mixture of 112 rows: colour 75% (88 rows of color_squares), boxes 25% (24 rows" in result.stderr
     with open(out / "metrics.csv", newline="") as file:
         logs = [row for row in csv.DictReader(file) if row.get("reward")]
@@ -356,8 +376,11 @@ def test_text_rows_share_a_mixture_and_its_batches_with_image_rows(tiny_model_di
                {"name": "math", "dataset": "gsm8k_synthetic", "options": {"num_rows": 48, "seed": 0},
                 "prompt_template": "gsm8k", "rewards": ["gsm8k_accuracy", "gsm8k_format"]}]  # fmt: skip
     out = tmp_path / "run"
+    # unshuffled, every batch holds the epoch's interleaving (2 rows of each); shuffled, each step of 4 prompts holds
+    # one source alone with probability 1/8
     main(["--config", "recipes/mixture_smoke.yaml", "--model_name_or_path", str(tiny_model_dir), "--datasets",
-          json.dumps(entries), "--max_steps", "3", "--eval_rows", "4", "--eval_steps", "3", "--output_dir", str(out)])  # fmt: skip
+          json.dumps(entries), "--max_steps", "3", "--eval_rows", "4", "--eval_steps", "3", "--shuffle_dataset",
+          "false", "--output_dir", str(out)])  # fmt: skip
     with open(out / "completions.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     by_step = Counter((row["step"], row["source"]) for row in rows)
@@ -425,6 +448,97 @@ def test_sft_on_a_mixture_of_text_and_image_sources_is_one_line_before_the_weigh
 
 
 # --- issue 67: mixtures as a long real run uses them ------------------------------------------------------------------
+
+LARGE_AND_SMALL = [{"name": "large", "dataset": "color_squares", "options": {"num_rows": 40, "seed": 0},
+                    "prompt_template": "plain", "rewards": ["word_match"]},
+                   {"name": "small", "dataset": "color_squares", "options": {"num_rows": 4, "seed": 1},
+                    "prompt_template": "plain", "rewards": ["word_match"]}]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_run_draws_every_row_of_a_large_source_within_an_epoch_and_counts_them_across_a_resume(tmp_path, run_env):
+    """A 40-row source beside a 4-row one at equal weights: a pass holds 22 rows of each, so one pass drew 22 of the
+    40 rows, and every epoch drew the same 22. An epoch is now 2 passes (88 rows: 4 steps of 22 prompts), in which
+    every row of the large source is drawn; ``sources/<name>/rows_seen`` counts the distinct rows drawn so far, and a
+    run resumed from its step-2 checkpoint counts on from there."""
+    import csv
+    import sys
+
+    from conftest import run_ok
+
+    out = tmp_path / "run"
+    flags = [sys.executable, "-m", "suzak.train", "--config", "recipes/mixture_smoke.yaml", "--datasets",
+             json.dumps(LARGE_AND_SMALL), "--eval_rows", "0", "--per_device_train_batch_size", "44",
+             "--num_generations", "2", "--max_completion_length", "4", "--lr_scheduler_type", "constant",
+             "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(out)]  # fmt: skip
+    first = run_ok([*flags, "--max_steps", "2"], run_env)
+    assert ("mixture: one epoch = 2 passes of 44 rows (large 22 a pass, small 22); every row of every source drawn at "
+            "least once per epoch") in first.stderr  # fmt: skip
+    run_ok([*flags, "--max_steps", "4", "--resume_from_checkpoint", "latest"], run_env)
+    with open(out / "completions.csv", newline="") as file:
+        drawn = [(int(row["step"]), row["source"], int(row["source_row"])) for row in csv.DictReader(file)]
+    assert {row for step, source, row in drawn if source == "large"} == set(range(40))
+    with open(out / "metrics.csv", newline="") as file:
+        logs = [row for row in csv.DictReader(file) if row.get("loss")]
+    assert [int(log["step"]) for log in logs] == [1, 2, 3, 4]
+    for log in logs:  # the fraction of each source's rows drawn up to this step, the resumed steps included
+        for source, size in (("large", 40), ("small", 4)):
+            seen = {row for step, name, row in drawn if name == source and step <= int(log["step"])}
+            assert float(log[f"sources/{source}/rows_seen"]) == pytest.approx(len(seen) / size), (log["step"], source)
+    assert float(logs[-1]["sources/large/rows_seen"]) == float(logs[-1]["sources/small/rows_seen"]) == 1.0
+
+
+def test_max_train_rows_holds_for_a_mixture_split_by_weight(tmp_path, caplog):
+    """``max_train_rows 8`` on the 3:1 smoke mixture trained 24 distinct rows in 6 steps: now 8 in all, 6 and 2, each
+    source's first rows after its shuffle by the seed, as one dataset keeps its own; fewer than one a source is one
+    line from the parser."""
+    import logging
+
+    from suzak.data import build_dataset
+    from suzak.training.build import RunInputs, build_datasets
+    from suzak.training.configs import parse_args
+
+    suzak_args, args, model_args = parse_args(["--config", "recipes/mixture_smoke.yaml", "--max_train_rows", "8",
+                                               "--output_dir", str(tmp_path)])  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="suzak.training.build"):
+        dataset, _ = build_datasets(suzak_args, args, RunInputs.read(suzak_args, model_args))
+    kept = {source: {row["index"] for row in dataset if row["source"] == source} for source in ("colour", "boxes")}
+    assert {source: len(rows) for source, rows in kept.items()} == {"colour": 6, "boxes": 2}
+    colour = build_dataset("color_squares", num_rows=96, seed=0, template="plain").select(range(88))  # 8 held out
+    assert kept["colour"] == set(colour.shuffle(seed=0).select(range(6))["index"])
+    assert "max_train_rows 8: colour keeps 6 of its 88 rows, boxes keeps 2 of its 24 rows" in caplog.text
+    with pytest.raises(SuzakError, match=r"^max_train_rows 1: a mixture keeps at least one row of each of its 2 "):
+        parse_args(["--config", "recipes/mixture_smoke.yaml", "--max_train_rows", "1", "--output_dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--datasets", json.dumps([{**TWO[0], "weight": 1}, TWO[1]])], "datasets[0].weight: 3.0 -> 1.0"),
+    (["--datasets", json.dumps([{**TWO[0], "name": "colours"}, TWO[1]])], "datasets[0].name: 'colour' -> 'colours'"),
+    (["--datasets", json.dumps([{**TWO[0], "options": {"num_rows": 48}}, TWO[1]])],
+     "datasets[0].options: {'num_rows': 40} -> {'num_rows': 48}"),
+    (["--datasets", json.dumps([TWO[0]])], "datasets: [{'name': 'colour', "),
+    (["--max_train_rows", "8"], "max_train_rows: None -> 8"),
+])  # fmt: skip
+def test_a_resume_that_changes_the_mixtures_rows_is_refused_in_one_line(flags, said, tmp_path):
+    """Resumed with an edited ``datasets:`` (weights 3:1 -> 1:1, a source renamed, its options, a source dropped) or
+    ``max_train_rows``, a mixture run drew other rows than its checkpoint's as if nothing changed; now refused before
+    the model loads, as a changed ``dataset_options`` is, naming what changed. A source's rewards change no row."""
+    from suzak.runs.checkpoints import mark_complete
+    from suzak.runs.faults import state_settings
+    from suzak.training.configs import parse_args
+    from suzak.training.session import check_resume_settings
+
+    base = ["--config", "recipes/mixture_smoke.yaml", "--datasets", json.dumps(TWO), "--output_dir", str(tmp_path)]
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    mark_complete(folder, 2, settings=state_settings(parse_args(base)))
+    with pytest.raises(SuzakError) as refused:
+        check_resume_settings(str(folder), state_settings(parse_args([*base, *flags])), override=False)
+    message = str(refused.value)
+    assert message.startswith(f"resume_from_checkpoint {folder}: this run changes 1 setting(s) the checkpoint's state "
+                              "depends on (") and said in message and "\n" not in message, message  # fmt: skip
+    rewarded = [TWO[0], {**TWO[1], "reward_weights": [1.0, 1.0]}]
+    check_resume_settings(str(folder), state_settings(parse_args([*base, "--datasets", json.dumps(rewarded)])), False)
 
 
 def test_skip_bad_rows_lists_every_sources_bad_rows_once_per_run(tmp_path):

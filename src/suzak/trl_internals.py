@@ -963,7 +963,7 @@ class TrainerHooks:
       written its part; ``save_total_limit`` then rotates in output_dir (``transformers.trainer_utils.
       rotate_checkpoints``, as the Trainer does). A save that fails or is killed leaves no ``checkpoint-N`` at all,
       and the folders before it as they were; the half-written one in staging is removed (at once, or at the next
-      save).
+      save). :meth:`save_run_state` adds suzak's own state to the folder before it is renamed into place.
     - **non-finite steps**: ``_get_grad_norm`` (after clipping, before the optimizer step) sees a nan or inf norm and
       either raises :class:`NonFiniteStep` (``on_nonfinite = "stop"``: no weight has changed) or drops the step's
       gradients so the optimizer leaves every weight as it was (``"skip"``, counted in ``nonfinite/skipped_steps``).
@@ -1001,6 +1001,8 @@ class TrainerHooks:
         self._staging_dir = str(staging)
         try:
             super()._save_checkpoint(model, trial)
+            if writer:
+                self.save_run_state(staging / name)
         except BaseException:
             if writer:
                 shutil.rmtree(staging / name, ignore_errors=True)
@@ -1132,6 +1134,10 @@ class TrainerHooks:
     def step_rows(self) -> list[str]:
         """Names of the dataset rows the current step trains on, when the trainer knows them."""
         return []
+
+    def save_run_state(self, folder) -> None:
+        """Write more of the run's state into the checkpoint ``folder`` being saved (the main process, after the
+        Trainer's files, before the folder is renamed into place and marked complete)."""
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if self.nonfinite_skipped and "loss" in logs:

@@ -3,38 +3,56 @@ template, held-out rows and pixel budget (issue 52; V-Triune/Orsta's sample-leve
 and source-level metrics, verl's per-``data_source`` rewards, open-r1's dataset mixtures).
 
 A recipe's ``datasets:`` list holds one mapping per source (:class:`Source`; :func:`parse_sources` checks each and
-says what is wrong in one line naming the entry). A pass over the mixture (:func:`mixture_order`) takes from each
-source its share of the pass's rows (its weight over the weights' sum, largest remainders), each source's rows in a
-permutation of its own (a source with fewer rows than its share is gone through again, in a new permutation), the
-sources interleaved so that every stretch of the pass keeps the weights' shares; the whole pass depends on the seed
-alone, so a resumed run draws the same rows. Every row carries its source's name in ``source`` (:data:`suzak.scoring.rewards.SOURCE_COLUMN`), which the
-rewards are routed by (:func:`suzak.scoring.rewards.routed`).
+says what is wrong in one line naming the entry).
+
+A **pass** over the mixture holds as many rows as the sources' training rows together, each source's share of them
+(its weight over the weights' sum, largest remainders), the sources interleaved so that every stretch of the pass
+keeps the shares. Each source's rows come from its own stream of permutations, seeded by ``(seed, source)``, which
+goes on from one pass to the next: a source is drawn row by row through a permutation of all its rows, then the next
+one, so every row of it is drawn before any row is drawn again, across passes (a large source at a small share needs
+several passes to be gone through). An **epoch** (:class:`Epoch`) is the fewest passes in which every row of every
+source is drawn: the dataset the trainer iterates (:func:`combine`), which TRL's sampler reshuffles at each of its
+epochs. Everything depends on the seed alone, so a resumed run, and every rank under torchrun, draws the same rows.
+Every row carries its source's name in ``source`` (:data:`suzak.scoring.rewards.SOURCE_COLUMN`), which the rewards
+are routed by (:func:`suzak.scoring.rewards.routed`), and its row within the source in ``source_row``
+(:data:`SOURCE_ROW_COLUMN`, counted by :class:`RowsSeen`).
 
 >>> sources = parse_sources([{"name": "colour", "dataset": "color_squares", "weight": 3, "rewards": ["accuracy"]},
 ...                          {"name": "boxes", "dataset": "grounding_shapes", "rewards": ["iou"]}])
 >>> [(s.name, s.share) for s in sources]
 [('colour', 0.75), ('boxes', 0.25)]
->>> order = mixture_order([4, 100], [3, 1], seed=0, total=8)
->>> [source for source, _ in order]
+>>> picks, rows = mixture_order([6, 2], [3, 1], seed=0)  # a pass of 8 rows: 6 + 2, one epoch
+>>> picks.tolist()
 [0, 0, 1, 0, 0, 0, 1, 0]
->>> drawn = [row for source, row in order if source == 0]  # six draws from four rows: each once before any twice
->>> len(drawn), sorted(drawn[:4])
-(6, [0, 1, 2, 3])
+>>> sorted(rows[picks == 0].tolist()), sorted(rows[picks == 1].tolist())
+([0, 1, 2, 3, 4, 5], [0, 1])
+>>> picks, rows = mixture_order([10, 2], [1, 1], seed=0)  # 6 rows of 10 a pass: an epoch of 2 passes draws all
+>>> len(picks), sorted(rows[picks == 0][:10].tolist()) == list(range(10))
+(24, True)
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from suzak import SuzakError
 
-__all__ = ["Source", "combine", "mixture_counts", "mixture_order", "parse_sources"]
+__all__ = ["EPOCH_ROWS_CAP", "SOURCE_ROW_COLUMN", "Epoch", "RowsSeen", "Source", "combine", "mixture_counts",
+           "mixture_order", "parse_sources"]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+SOURCE_ROW_COLUMN = "source_row"  # a mixture row's position among its source's training rows
+EPOCH_ROWS_CAP = 1 << 22  # rows an epoch may hold (32 MiB of row indices): an extreme skew is cut there, and said
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,12 @@ class Source:
     def held_out_rows(self, recipe_eval_rows: int) -> int:
         """This source's held-out rows: its own ``eval_rows``, else the recipe's."""
         return recipe_eval_rows if self.eval_rows is None else self.eval_rows
+
+    def rows_settings(self, recipe_eval_rows: int) -> dict[str, Any]:
+        """What decides the source's training rows and their order in the mixture (a resume that changes one draws
+        other rows: :func:`suzak.runs.faults.state_settings`); its rewards and pixel budget change no row."""
+        return {"name": self.name, "dataset": self.dataset, "options": self.options, "weight": self.weight,
+                "prompt_template": self.prompt_template, "eval_rows": self.held_out_rows(recipe_eval_rows)}  # fmt: skip
 
 
 KEYS = tuple(f.name for f in fields(Source) if f.name != "share")
@@ -226,34 +250,124 @@ def mixture_counts(weights: Sequence[float], total: int) -> list[int]:
     return counts
 
 
-def mixture_order(sizes: Sequence[int], weights: Sequence[float], *, seed: int, total: int | None = None
-                  ) -> list[tuple[int, int]]:  # fmt: skip
-    """One pass of the mixture as (source index, row of that source) pairs: :func:`mixture_counts` rows of each
-    (``total`` default: the sources' rows together), each source's rows drawn in permutations of its own seeded by
-    ``(seed, source)``, the sources interleaved by smooth weighted round robin (every stretch keeps the shares).
+@dataclass(frozen=True)
+class Epoch:
+    """What the dataset a mixture trains on holds: one **epoch**, the fewest passes in which every row of every source
+    is drawn (each source's stream of permutations goes on from pass to pass).
 
-    >>> [s for s, _ in mixture_order([10, 10, 10], [2, 1, 1], seed=0, total=8)]
-    [0, 1, 2, 0, 0, 1, 2, 0]
-    >>> mixture_order([3], [1], seed=1) == mixture_order([3], [1], seed=1) != mixture_order([3], [1], seed=2)
-    True
+    Why an epoch, not a stream as long as the run: it depends on the sources, their weights and the seed alone, not on
+    ``max_steps`` or ``num_train_epochs``, so a run resumed with a longer ``max_steps`` (a constant learning rate
+    allows it), a run counted in epochs and an SFT run draw the same rows; TRL's sampler reshuffles it at each of its
+    epochs, so each of those draws every row again; dynamic sampling's refills draw from it by index, by the weights.
+    Its size is set by the source that takes longest to go through (``n`` rows at a share ``s`` take about ``n / s``
+    draws), rounded up to whole ``batch``es (TRL's GRPO sampler drops a last partial generation batch, and with it
+    rows the epoch would not draw), and capped at :data:`EPOCH_ROWS_CAP` rows for a large source at a tiny weight,
+    whose rows are then drawn in part each epoch (:meth:`describe` says which, at start).
+
+    >>> epoch = Epoch.of([10000, 100], [1, 1])
+    >>> epoch.counts, epoch.passes, epoch.rows
+    ((5050, 5050), 2, 20200)
+    >>> epoch.describe(["large", "small"])
+    'mixture: one epoch = 2 passes of 10,100 rows (large 5,050 a pass, small 5,050); every row of every source drawn at least once per epoch'
+    >>> print(Epoch.of([1_000_000, 100], [1, 1000]).describe(["web", "small"]))  # doctest: +NORMALIZE_WHITESPACE
+    mixture: one epoch = 4 passes of 1,000,100 rows (web 999 a pass, small 999,101), cut at 4,194,304 rows
+    (every row of every source takes 1,002 passes): an epoch draws web 3,996 of its 1,000,000 rows; raise its weight,
+    or give it fewer rows, to draw them all
     """
-    if any(size <= 0 for size in sizes):
-        empty = next(i for i, size in enumerate(sizes) if size <= 0)
-        raise SuzakError(f"datasets[{empty}]: the source has no rows")
-    total = sum(sizes) if total is None else total
-    counts = mixture_counts(weights, total)
-    rows = []
-    for source, (size, count) in enumerate(zip(sizes, counts, strict=True)):
-        rng = np.random.default_rng([seed, source])
-        drawn = np.concatenate([rng.permutation(size) for _ in range(-(-count // size))])[:count]
-        rows.append(iter(drawn.tolist()))
-    order, credit = [], [0.0] * len(counts)
-    for _ in range(total):  # smooth weighted round robin over the counts
-        credit = [c + n for c, n in zip(credit, counts, strict=True)]
-        pick = max(range(len(counts)), key=lambda i: (credit[i], -i))
+
+    sizes: tuple[int, ...]  # each source's training rows: a pass holds them all together
+    counts: tuple[int, ...]  # each source's rows in a pass (its share)
+    passes: int  # passes in an epoch
+    needed: int  # passes in which every row of every source is drawn (more than ``passes``: the cap cut the epoch)
+    rows: int  # draws in an epoch: its passes' rows, rounded up to whole batches
+
+    @classmethod
+    def of(cls, sizes: Sequence[int], weights: Sequence[float], batch: int = 1) -> Epoch:
+        """The epoch of sources of ``sizes`` rows at ``weights``, in whole ``batch``es of rows."""
+        if any(size <= 0 for size in sizes):
+            empty = next(i for i, size in enumerate(sizes) if size <= 0)
+            raise SuzakError(f"datasets[{empty}]: the source has no rows")
+        pass_rows = sum(sizes)
+        counts = mixture_counts(weights, pass_rows)
+        needed = max(-(-size // count) for size, count in zip(sizes, counts, strict=True))
+        passes = max(1, min(needed, EPOCH_ROWS_CAP // pass_rows))
+        rows = -(-passes * pass_rows // batch) * batch
+        return cls(tuple(sizes), tuple(counts), passes, needed, rows)
+
+    @property
+    def pass_rows(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def whole(self) -> bool:
+        """Every row of every source is drawn in an epoch (the cap did not cut it)."""
+        return self.passes >= self.needed
+
+    def describe(self, names: Sequence[str]) -> str:
+        """The line a run logs at start: what a pass and an epoch hold, and the sources an epoch draws in part."""
+        shares = ", ".join(f"{name} {count:,}" + (" a pass" if i == 0 else "")
+                           for i, (name, count) in enumerate(zip(names, self.counts, strict=True)))  # fmt: skip
+        line = f"mixture: one epoch = {self.passes:,} pass{'es' if self.passes > 1 else ''} of {self.pass_rows:,} rows"
+        line += f" ({shares})"
+        if self.rows != self.passes * self.pass_rows:
+            line += f", {self.rows:,} rows in whole generation batches"
+        if self.whole:
+            return line + "; every row of every source drawn at least once per epoch"
+        part = [(name, count * self.passes, size) for name, count, size in zip(names, self.counts, self.sizes,
+                                                                               strict=True) if count * self.passes < size]  # fmt: skip
+        return (line + f", cut at {EPOCH_ROWS_CAP:,} rows (every row of every source takes {self.needed:,} passes): "
+                "an epoch draws " + ", ".join(f"{name} {drawn:,} of its {size:,} rows" for name, drawn, size in part)
+                + f"; raise {'its' if len(part) == 1 else 'their'} weight, or give {'it' if len(part) == 1 else 'them'}"
+                " fewer rows, to draw them all")  # fmt: skip
+
+
+def _pass_pattern(counts: Sequence[int]) -> np.ndarray:
+    """The source of each row of a pass holding ``counts`` rows of each source, interleaved by smooth weighted round
+    robin (every stretch keeps the shares); a pattern that repeats within the pass (counts with a common divisor) is
+    worked out once.
+
+    >>> _pass_pattern([4, 2, 2]).tolist(), _pass_pattern([5050, 5050])[:4].tolist()
+    ([0, 1, 2, 0, 0, 1, 2, 0], [0, 1, 0, 1])
+    """
+    repeats = math.gcd(*counts)
+    unit = [count // repeats for count in counts]
+    total, credit, picks = sum(unit), [0] * len(unit), []
+    for _ in range(total):
+        credit = [c + n for c, n in zip(credit, unit, strict=True)]
+        pick = max(range(len(unit)), key=lambda i: (credit[i], -i))
         credit[pick] -= total
-        order.append((pick, next(rows[pick])))
-    return order
+        picks.append(pick)
+    return np.tile(np.asarray(picks, dtype=np.int64), repeats)
+
+
+def _stream(size: int, count: int, seed: int, source: int) -> np.ndarray:
+    """The first ``count`` rows a source of ``size`` rows gives: permutation after permutation of its rows, seeded
+    by ``(seed, source)`` (every row drawn before any is drawn again)."""
+    rng = np.random.default_rng([seed, source])
+    blocks = [rng.permutation(size) for _ in range(-(-count // size))]
+    return np.concatenate(blocks)[:count] if blocks else np.zeros(0, dtype=np.int64)
+
+
+def mixture_order(sizes: Sequence[int], weights: Sequence[float], *, seed: int, total: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The mixture's draws as (source index, row of that source) arrays: pass after pass (:class:`Epoch`), each
+    source's rows from its own stream of permutations; ``total`` draws (default: one epoch).
+
+    >>> picks, rows = mixture_order([10, 10, 10], [2, 1, 1], seed=0, total=8)
+    >>> picks.tolist()
+    [0, 1, 2, 0, 0, 1, 2, 0]
+    >>> same = mixture_order([3], [1], seed=1)
+    >>> (same[1] == mixture_order([3], [1], seed=1)[1]).all(), (same[1] == mixture_order([3], [1], seed=2)[1]).all()
+    (np.True_, np.False_)
+    """
+    epoch = Epoch.of(sizes, weights)
+    total = epoch.rows if total is None else total
+    picks = np.resize(_pass_pattern(epoch.counts), total)  # the pass's pattern, again and again
+    rows = np.zeros(total, dtype=np.int64)
+    for source, size in enumerate(sizes):
+        mine = picks == source
+        rows[mine] = _stream(size, int(mine.sum()), seed, source)
+    return picks, rows
 
 
 def _with_columns(dataset, features: dict):
@@ -290,19 +404,19 @@ def _prompts_as_parts(datasets: Sequence) -> list:
 
 
 def combine(datasets: Sequence, sources: Sequence[Source], *, seed: int, total: int | None = None):
-    """One pass of the mixture as one dataset: each source's rows (``datasets``, in ``sources``' order) with
-    ``source`` naming it, a column one source lacks filled with None, in :func:`mixture_order`'s order
-    (``total`` rows; default: the sources' rows together). Two sources with a column of different types is one line.
+    """The mixture as one dataset: each source's rows (``datasets``, in ``sources``' order) with ``source`` naming it
+    and ``source_row`` its position among them, a column one source lacks filled with None, in
+    :func:`mixture_order`'s order (``total`` rows; default: one :class:`Epoch`). Two sources with a column of
+    different types is one line.
 
     >>> import datasets as hf
     >>> colour = hf.Dataset.from_list([{"solution": "red"}, {"solution": "blue"}])
     >>> boxes = hf.Dataset.from_list([{"solution": "[0, 0, 1, 1]", "question_boxes": [[0, 0, 1, 1]]}])
     >>> sources = parse_sources([{"name": "colour", "dataset": "a.jsonl", "rewards": ["accuracy"]},
     ...                          {"name": "boxes", "dataset": "b.jsonl", "rewards": ["iou"]}])
-    >>> mixed = combine([colour, boxes], sources, seed=0, total=4)
-    >>> [(row["source"], row["solution"], row["question_boxes"]) for row in mixed]  # doctest: +NORMALIZE_WHITESPACE
-    [('colour', 'red', None), ('boxes', '[0, 0, 1, 1]', [[0, 0, 1, 1]]), ('colour', 'blue', None),
-     ('boxes', '[0, 0, 1, 1]', [[0, 0, 1, 1]])]
+    >>> mixed = combine([colour, boxes], sources, seed=0)
+    >>> [(row["source"], row["source_row"], row["solution"], row["question_boxes"]) for row in mixed]  # doctest: +NORMALIZE_WHITESPACE
+    [('colour', 0, 'red', None), ('boxes', 0, '[0, 0, 1, 1]', [[0, 0, 1, 1]]), ('colour', 1, 'blue', None)]
     """
     import datasets as hf
 
@@ -311,18 +425,70 @@ def combine(datasets: Sequence, sources: Sequence[Source], *, seed: int, total: 
     datasets = _prompts_as_parts(datasets)
     features: dict = {}
     for dataset, source in zip(datasets, sources, strict=True):
-        if column in dataset.column_names:
-            raise SuzakError(f"source {source.name!r}: its rows have a {column!r} column of their own; the mixture "
-                             "names each row's source there")  # fmt: skip
+        for own in (column, SOURCE_ROW_COLUMN):
+            if own in dataset.column_names:
+                raise SuzakError(f"source {source.name!r}: its rows have a {own!r} column of their own; the mixture "
+                                 "names each row's source and its row there")  # fmt: skip
         for name, feature in dataset.features.items():
             if name in features and features[name] != feature:
                 first = next(s.name for d, s in zip(datasets, sources, strict=False) if name in d.column_names)
                 raise SuzakError(f"sources {first!r} and {source.name!r}: column {name!r} is {features[name]} in one "
                                  f"and {feature} in the other; a mixture's sources give a column one type")  # fmt: skip
             features.setdefault(name, feature)
-    features[column] = hf.Value("string")
-    parts = [_with_columns(dataset.add_column(column, [source.name] * len(dataset)), features)
+    features[column], features[SOURCE_ROW_COLUMN] = hf.Value("string"), hf.Value("int64")
+    parts = [_with_columns(dataset.add_column(column, [source.name] * len(dataset))
+                           .add_column(SOURCE_ROW_COLUMN, list(range(len(dataset)))), features)
              for dataset, source in zip(datasets, sources, strict=True)]  # fmt: skip
-    offsets = np.cumsum([0] + [len(part) for part in parts[:-1]]).tolist()
-    order = mixture_order([len(p) for p in parts], [s.weight for s in sources], seed=seed, total=total)
-    return hf.concatenate_datasets(parts).select([offsets[source] + row for source, row in order])
+    offsets = np.cumsum([0] + [len(part) for part in parts[:-1]])
+    picks, rows = mixture_order([len(p) for p in parts], [s.weight for s in sources], seed=seed, total=total)
+    return hf.concatenate_datasets(parts).select(offsets[picks] + rows)
+
+
+class RowsSeen:
+    """Which of each source's training rows have been drawn into a training batch (``sources/<name>/rows_seen``),
+    saved in each checkpoint (:attr:`FILE`, as runs of rows) so that a resumed run counts on from there.
+
+    >>> seen = RowsSeen({"a": 4, "b": 2})
+    >>> seen.add([("a", 1), ("a", 1), ("b", 0), ("a", 2)])
+    >>> seen.fractions(), seen.state()["seen"]
+    ({'a': 0.5, 'b': 0.5}, {'a': [[1, 3]], 'b': [[0, 1]]})
+    """
+
+    FILE = "suzak_rows_seen.json"
+
+    def __init__(self, sizes: Mapping[str, int]):
+        self.seen = {name: np.zeros(size, dtype=bool) for name, size in sizes.items()}
+
+    def add(self, rows: Iterable[tuple[str, int]]) -> None:
+        for name, row in rows:
+            self.seen[name][row] = True
+
+    def fractions(self) -> dict[str, float]:
+        return {name: float(mask.mean()) for name, mask in self.seen.items()}
+
+    def state(self) -> dict[str, Any]:
+        """Each source's size and the runs ``[start, stop)`` of its rows seen (one run once an epoch is through)."""
+
+        def runs(mask: np.ndarray) -> list[list[int]]:
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.view(np.int8), [0]])))
+            return edges.reshape(-1, 2).tolist()
+
+        return {"sizes": {name: len(mask) for name, mask in self.seen.items()},
+                "seen": {name: runs(mask) for name, mask in self.seen.items()}}  # fmt: skip
+
+    def save(self, folder: str | Path) -> None:
+        (Path(folder) / self.FILE).write_text(json.dumps(self.state()) + "\n", encoding="utf-8")
+
+    def load(self, folder: str | Path) -> None:
+        """The rows seen up to the checkpoint ``folder`` (from before suzak saved them, or of other sources: from
+        here on)."""
+        path = Path(folder) / self.FILE
+        state = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        sizes = {name: len(mask) for name, mask in self.seen.items()}
+        if state is None or state.get("sizes") != sizes:
+            logger.warning("sources/<name>/rows_seen: %s holds no count of these sources' rows; they are counted "
+                           "from this step", folder)  # fmt: skip
+            return
+        for name, runs in state["seen"].items():
+            for start, stop in runs:
+                self.seen[name][start:stop] = True

@@ -131,7 +131,9 @@ class StopOnSignal(TrainerCallback):
 def state_settings(parsed: tuple) -> dict[str, Any]:
     """The settings that give a checkpoint's state its meaning, with the values this run uses: a resume that changes
     one of them continues a different run (:func:`changed_settings`). ``max_steps``/``num_train_epochs`` count unless
-    the learning rate is constant (they set the schedule's length)."""
+    the learning rate is constant (they set the schedule's length). A mixture's ``datasets`` count by what decides
+    each source's rows and their order (:meth:`suzak.data.mixture.Source.rows_settings`: name, dataset, options,
+    weight, template, held-out rows), not by its rewards."""
     from suzak.runs.record import plain_value
 
     names = ["model_name_or_path", "dataset_name", "dataset_options", "max_train_rows", "prompt_template",
@@ -145,6 +147,8 @@ def state_settings(parsed: tuple) -> dict[str, Any]:
         if is_dataclass(args):
             own = {f.name for f in fields(args)}
             found |= {name: plain_value(getattr(args, name)) for name in names if name in own and name not in found}
+        if callable(getattr(args, "mixture", None)) and (sources := args.mixture()):
+            found["datasets"] = plain_value([source.rows_settings(args.eval_rows) for source in sources])
     if (found.get("max_steps") or 0) > 0:
         found.pop("num_train_epochs", None)  # max_steps decides the length
     if found.get("lr_scheduler_type") == "constant":
@@ -154,12 +158,24 @@ def state_settings(parsed: tuple) -> dict[str, Any]:
 
 
 def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``name: old -> new`` for each setting the checkpoint recorded that this run changes."""
-    return [
-        f"{name}: {saved[name]!r} -> {now[name]!r}"
-        for name in now
-        if name in saved and json.dumps(saved[name], sort_keys=True) != json.dumps(now[name], sort_keys=True)
-    ]
+    """``name: old -> new`` for each setting the checkpoint recorded that this run changes; in a list of mappings of
+    the same length (a mixture's sources), each entry's key that changes (``datasets[0].weight: 3.0 -> 1.0``).
+
+    >>> changed_settings({"datasets": [{"name": "a", "weight": 3.0}], "seed": 0},
+    ...                  {"datasets": [{"name": "a", "weight": 1.0}], "seed": 0, "world_size": 1})
+    ['datasets[0].weight: 3.0 -> 1.0']
+    """
+    return [line for name in now if name in saved for line in _differences(name, saved[name], now[name])]
+
+
+def _differences(name: str, old: Any, new: Any) -> list[str]:
+    entries = isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+    if entries and all(isinstance(item, dict) for item in old + new):
+        return [line for i, (a, b) in enumerate(zip(old, new, strict=True)) for key in dict.fromkeys([*a, *b])
+                for line in _differences(f"{name}[{i}].{key}", a.get(key), b.get(key))]  # fmt: skip
+    if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True):
+        return []
+    return [f"{name}: {old!r} -> {new!r}"]
 
 
 # --- several processes ----------------------------------------------------------------------------------------------

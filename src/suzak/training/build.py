@@ -4,8 +4,9 @@ Each reads in the order a run needs its parts, every part worked out once:
 
 1. :class:`RunInputs` from the recipe and the model's config (no weights yet): the pixel and video budgets on the
    model's patch grid, the resolved rewards, the prompt template, the model family;
-2. :func:`build_datasets`: the training set and the held-out rows, every row validated against that budget and those
-   rewards (one line naming the first bad row, before any weights load; ``skip_bad_rows`` lists and drops them);
+2. :func:`training_data`: the training set and the held-out rows, every row validated against that budget and those
+   rewards (one line naming the first bad row, before any weights load; ``skip_bad_rows`` lists and drops them), a
+   mixture's epoch (:class:`suzak.data.mixture.Epoch`), held-out rows without ``eval_steps`` stopped;
 3. the processor (:func:`suzak.models.loading.load_processor`), the zoom's tool turn checked on it
    (:func:`check_zoom_turn`), then :func:`load_policy`, shared by GRPO and SFT: the weights, the PEFT config and its
    targets checked, the vision tower frozen when the recipe says so;
@@ -34,6 +35,7 @@ from suzak.training.configs import check_eval_cadence
 __all__ = [
     "SYNTHETIC_DATASETS",
     "RunInputs",
+    "TrainingData",
     "add_first",
     "build_datasets",
     "check_judges",
@@ -42,6 +44,7 @@ __all__ = [
     "grpo_trainer",
     "load_policy",
     "sft_trainer",
+    "training_data",
 ]
 
 logger = logging.getLogger(__name__)
@@ -161,7 +164,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         grpo_args.reward_weights = inputs.reward_weights
     toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
                             suzak_args.tool_max_visual_tokens)  # fmt: skip
-    train_dataset, heldout = build_datasets(suzak_args, grpo_args, inputs)
+    data = training_data(suzak_args, grpo_args, inputs)
     processing_class = load_processor(model_args, for_vllm=grpo_args.use_vllm)
     check_zoom_turn(toolset, processing_class, inputs, grpo_args)
     check_sources_opening(inputs, processing_class, suzak_args, grpo_args)
@@ -173,9 +176,10 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         model=model,
         reward_funcs=inputs.rewards,
         args=grpo_args,
-        train_dataset=train_dataset,
+        train_dataset=data.train,
         processing_class=processing_class,
         peft_config=peft_config,
+        source_rows=data.source_rows,
         pixel_budget=inputs.budget,
         video_budget=inputs.video_budget,
         answer_format=inputs.template.answer_format if suzak_args.preflight_rows > 0 and not inputs.sources else None,
@@ -187,7 +191,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         **toolset.trainer_kwargs(),
         **trainer_kwargs,
     )
-    add_first(trainer, eval_callback(suzak_args, grpo_args, heldout, inputs.scorer, trainer.processing_class,
+    add_first(trainer, eval_callback(suzak_args, grpo_args, data.heldout, inputs.scorer, trainer.processing_class,
                                      trainer.pixel_budget, trainer.video_budget, toolset,
                                      inputs.scorers))  # fmt: skip
     return trainer
@@ -298,22 +302,37 @@ def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> 
     zoom.check_turn(inputs.budget, turn_length, grpo_args.max_completion_length)
 
 
+@dataclass(frozen=True)
+class TrainingData:
+    """What a run trains on and holds out (:func:`training_data`)."""
+
+    train: Any  # the training rows: one dataset's, or a mixture's epoch
+    heldout: list | None  # the held-out rows (None: none)
+    source_rows: dict[str, int] = field(default_factory=dict)  # a mixture's training rows per source; {}: one dataset
+
+
 def build_datasets(suzak_args, train_args, inputs: RunInputs):
-    """(train dataset, held-out rows or None), every row validated before step 1 against ``inputs``' budget and
-    rewards; the rows ``skip_bad_rows`` drops, every source's, listed once (:func:`_list_skipped`); held-out rows
-    without ``eval_steps`` stopped here, before the weights load. Held-out rows are never trained on."""
+    """(train dataset, held-out rows or None) of :func:`training_data`."""
+    data = training_data(suzak_args, train_args, inputs)
+    return data.train, data.heldout
+
+
+def training_data(suzak_args, train_args, inputs: RunInputs) -> TrainingData:
+    """The training rows and the held-out rows (never trained on), every row validated before step 1 against
+    ``inputs``' budget and rewards; the rows ``skip_bad_rows`` drops, every source's, listed once
+    (:func:`_list_skipped`); held-out rows without ``eval_steps`` stopped here, before the weights load."""
     skipped: list[dict] = []
     if inputs.sources:
-        dataset, heldout = _mixture(suzak_args, train_args, inputs, skipped)
+        data = _mixture(suzak_args, train_args, inputs, skipped)
     else:
-        dataset, heldout = _one_dataset(suzak_args, train_args, inputs, skipped)
+        data = _one_dataset(suzak_args, train_args, inputs, skipped)
     _list_skipped(skipped, train_args)
-    if heldout:
-        check_eval_cadence(len(heldout), train_args.eval_steps)
-    return dataset, heldout
+    if data.heldout:
+        check_eval_cadence(len(data.heldout), train_args.eval_steps)
+    return data
 
 
-def _one_dataset(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]):
+def _one_dataset(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]) -> TrainingData:
     from suzak.data import build_dataset
 
     options = dict(suzak_args.dataset_options or {})
@@ -321,8 +340,13 @@ def _one_dataset(suzak_args, train_args, inputs: RunInputs, skipped: list[dict])
     dataset = _validated(build_dataset(suzak_args.dataset_name, **options), suzak_args, train_args, inputs, skipped)
     dataset, heldout = _held_out(suzak_args.dataset_name, options, dataset, suzak_args.eval_rows)
     if suzak_args.max_train_rows is not None:
-        dataset = dataset.shuffle(seed=train_args.seed).select(range(min(suzak_args.max_train_rows, len(dataset))))
-    return dataset, heldout
+        dataset = _first_rows(dataset, suzak_args.max_train_rows, train_args.seed)
+    return TrainingData(dataset, heldout)
+
+
+def _first_rows(dataset, count: int, seed: int):
+    """The rows ``max_train_rows`` keeps of ``dataset``: its first ``count`` after a shuffle by ``seed``."""
+    return dataset.shuffle(seed=seed).select(range(min(count, len(dataset))))
 
 
 def _held_out(name: str, options: dict, dataset, eval_rows: int):
@@ -343,14 +367,15 @@ def _held_out(name: str, options: dict, dataset, eval_rows: int):
     return dataset.select(range(len(dataset) - count)), list(dataset.select(range(len(dataset) - count, len(dataset))))
 
 
-def _mixture(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]):
-    """(training rows, held-out rows or None) of a mixture (:func:`suzak.data.mixture.combine`): each source built
-    with its options and template, its rows validated against its own rewards, its rewards' pre-flight run on its
-    own rows, its held-out rows (its ``eval_rows``, else the recipe's) named by their source."""
+def _mixture(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]) -> TrainingData:
+    """A mixture's epoch (:func:`suzak.data.mixture.combine`) and held-out rows: each source built with its options
+    and template, its rows validated against its own rewards, its rewards' pre-flight run on its own rows, its
+    held-out rows (its ``eval_rows``, else the recipe's) named by their source, ``max_train_rows`` split among the
+    sources (:func:`_max_train_rows`)."""
     from dataclasses import replace
 
     from suzak.data import build_dataset
-    from suzak.data.mixture import combine
+    from suzak.data.mixture import Epoch, combine
     from suzak.media.boxes import with_box_frame
     from suzak.media.vision import PIXEL_BUDGET_COLUMN
     from suzak.scoring.rewards import SOURCE_COLUMN
@@ -380,11 +405,38 @@ def _mixture(suzak_args, train_args, inputs: RunInputs, skipped: list[dict]):
             dataset = dataset.add_column(PIXEL_BUDGET_COLUMN, [named[PIXEL_BUDGET_COLUMN]] * len(dataset))
         heldout += [{**row, **named} for row in held or []]
         parts.append(dataset)
-    mixed = combine(parts, [source for source, _, _ in inputs.sources], seed=train_args.seed)
-    logger.info("mixture of %d rows: %s", len(mixed), ", ".join(
+    sources = [source for source, _, _ in inputs.sources]
+    if suzak_args.max_train_rows is not None:
+        parts = _max_train_rows(parts, sources, suzak_args.max_train_rows, train_args.seed)
+    epoch = Epoch.of([len(part) for part in parts], [source.weight for source in sources], _batch_prompts(train_args))
+    mixed = combine(parts, sources, seed=train_args.seed, total=epoch.rows)
+    logger.info("mixture of %d rows: %s", epoch.pass_rows, ", ".join(
         f"{source.name} {source.share:.0%} ({len(part)} rows of {source.dataset})"
-        for (source, _, _), part in zip(inputs.sources, parts, strict=True)))  # fmt: skip
-    return mixed, heldout or None
+        for source, part in zip(sources, parts, strict=True)))  # fmt: skip
+    logger.log(logging.INFO if epoch.whole else logging.WARNING, "%s", epoch.describe([s.name for s in sources]))
+    return TrainingData(mixed, heldout or None, {source.name: len(part) for source, part in zip(sources, parts,
+                                                                                                  strict=True)})  # fmt: skip
+
+
+def _max_train_rows(parts: list, sources: list, max_rows: int, seed: int) -> list:
+    """``max_train_rows`` for a mixture: at most ``max_rows`` training rows in all, split among the sources by weight
+    (:func:`suzak.data.mixture.mixture_counts`, at least one each), each source keeping its first rows after a
+    shuffle by the seed, as one dataset keeps its own (:func:`_first_rows`)."""
+    from suzak.data.mixture import mixture_counts
+
+    counts = mixture_counts([source.weight for source in sources], max_rows)
+    kept = [_first_rows(part, count, seed) for part, count in zip(parts, counts, strict=True)]
+    logger.info("max_train_rows %d: %s", max_rows, ", ".join(f"{source.name} keeps {len(mine)} of its {len(part)} rows"
+                for source, mine, part in zip(sources, kept, parts, strict=True)))  # fmt: skip
+    return kept
+
+
+def _batch_prompts(train_args) -> int:
+    """Prompts GRPO's sampler draws at once (``generation_batch_size / num_generations``; TRL drops a last partial
+    batch of an epoch); 1 for SFT, whose sampler keeps it."""
+    generations = getattr(train_args, "num_generations", None)
+    size = getattr(train_args, "generation_batch_size", None)
+    return size // generations if generations and size else 1
 
 
 def _validated(dataset, suzak_args, train_args, inputs: RunInputs, skipped: list[dict], name: str | None = None):
@@ -467,7 +519,7 @@ def check_judges(rewards: list[Callable], sources: tuple = ()) -> None:
 
 def eval_callback(suzak_args, args, heldout, scorer: Callable, processing_class, budget: PixelBudget,
                   video_budget: VideoBudget, toolset=None, scorers: dict[str, Callable] | None = None):  # fmt: skip
-    """The generation-eval callback for the held-out rows (None without them; :func:`build_datasets` checked their
+    """The generation-eval callback for the held-out rows (None without them; :func:`training_data` checked their
     ``eval_steps``), scored by ``scorer`` (the first reward) with the budgets the trainer runs with; with
     ``toolset``, answered through the tool loop as the rollouts are."""
     from suzak.runs.generation_eval import GenerationEvalCallback

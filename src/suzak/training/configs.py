@@ -100,7 +100,11 @@ class SuzakArguments(VideoBudgetArguments):
             "eval_rows, eval_correct_at, min_pixels, max_pixels (docs/mixtures.md; a YAML list, or JSON on the CLI)."
         },
     )
-    max_train_rows: int | None = field(default=None, metadata={"help": "Keep only the first N rows (after shuffling)."})
+    max_train_rows: int | None = field(
+        default=None,
+        metadata={"help": "Keep only the first N rows (after shuffling); a mixture keeps N in all, split among its "
+                          "sources by weight (at least one each)."},
+    )  # fmt: skip
     skip_bad_rows: bool = field(
         default=False,
         metadata={"help": "Rows that fail the validation before step 1 (an image that does not decode or fit, a gold "
@@ -561,6 +565,7 @@ def _parse(config_class, argv: list[str] | None):
     _check_tools(suzak_args, config)
     _check_dynamic_sampling(suzak_args, config)
     check_eval_cadence(suzak_args.held_out_rows(), config.eval_steps)
+    _check_mixture_rows(suzak_args)
     if suzak_args.on_nonfinite == "skip" and config.deepspeed:
         raise SuzakError("on_nonfinite skip cannot work under DeepSpeed: the engine applies the step before the "
                          "gradient norm is known; use on_nonfinite stop (the default) or run without --deepspeed")  # fmt: skip
@@ -701,6 +706,16 @@ def _check_mixture(suzak_args: SuzakArguments, recipe: dict, flags: list[str]) -
                          f"{'is' if len(given) == 1 else 'are'} set beside them (recipe, flags or .env): move "
                          "them into the sources' entries (options, rewards, reward_weights, reward_kwargs, "
                          "eval_correct_at) or drop them")  # fmt: skip
+
+
+def _check_mixture_rows(suzak_args: SuzakArguments) -> None:
+    """``max_train_rows`` split among a mixture's sources gives each at least one row: fewer rows than sources is one
+    line."""
+    sources = suzak_args.mixture()
+    rows = suzak_args.max_train_rows
+    if sources and rows is not None and rows < len(sources):
+        raise SuzakError(f"max_train_rows {rows}: a mixture keeps at least one row of each of its {len(sources)} "
+                         f"sources; set it to {len(sources)} or more")  # fmt: skip
 
 
 def _given(flags: list[str], name: str) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_callback import ProgressCallback
 
 from suzak import SuzakError
+from suzak.data.mixture import SOURCE_ROW_COLUMN, RowsSeen
 from suzak.media.boxes import with_box_frame
 from suzak.media.video import VIDEO_COLUMN, VideoBudget, row_clip, video_of, with_video
 from suzak.media.vision import (
@@ -124,6 +125,8 @@ class VLMGRPOTrainer(GRPOHooks):
         vision_reuse: each distinct image or clip of a forward pass encoded once, its features shared by the rows that
             show it (:mod:`suzak.models.vision_reuse`), and micro-batches cut by whole groups; ``vision/encoded_fraction``
             logs the images encoded over those handed to the policy's tower since the last log.
+        source_rows: a mixture's training rows per source: ``sources/<name>/rows_seen`` logs the fraction of them
+            drawn into a training batch so far (:class:`suzak.data.mixture.RowsSeen`, saved in each checkpoint).
 
     ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
     (:func:`suzak.trl_internals.completion_rows`); set the same list on every rank.
@@ -141,6 +144,7 @@ class VLMGRPOTrainer(GRPOHooks):
         opening_in_completion: bool = False,
         dynamic_sampling: DynamicSampling | None = None,
         vision_reuse: bool = True,
+        source_rows: Mapping[str, int] | None = None,
         **kwargs,
     ):
         use_qwen_video_positions()  # before TRL loads a reference model
@@ -165,6 +169,7 @@ class VLMGRPOTrainer(GRPOHooks):
         self.precheck_rows = precheck_rows
         self.precheck_report: dict | None = None
         self.completion_listeners: list[Callable[[list[dict]], None]] = []
+        self.rows_seen = RowsSeen(source_rows) if source_rows else None
         configure_processor(self.processing_class, self.pixel_budget)
         pad_left(self.processing_class)
         self.suppress_in_generation(vision_token_ids(self.processing_class))
@@ -246,10 +251,12 @@ class VLMGRPOTrainer(GRPOHooks):
         return {f"{ZOOM}_crops": [json.dumps(getattr(e, "crops", [])) for e in environments]}
 
     def row_columns(self, inputs: list[dict[str, Any]]) -> dict[str, list]:
-        """A mixture's rows: ``source`` (each completion's source) in completions.csv and the W&B table."""
+        """A mixture's rows: ``source`` and ``source_row`` (each completion's source, and its row there) in
+        completions.csv and the W&B table."""
         if not inputs or SOURCE_COLUMN not in inputs[0]:
             return {}
-        return {SOURCE_COLUMN: [row[SOURCE_COLUMN] for row in inputs]}
+        return {column: [row[column] for row in inputs] for column in (SOURCE_COLUMN, SOURCE_ROW_COLUMN)
+                if column in inputs[0]}  # fmt: skip
 
     def reward_rows(self, inputs: list[dict[str, Any]]) -> torch.Tensor | None:
         """A mixture's: each reward scores its own source's rows (:func:`suzak.scoring.rewards.routed`), over ranks."""
@@ -268,6 +275,8 @@ class VLMGRPOTrainer(GRPOHooks):
             images, encoded = self.vision_reuse.take()
             if images:
                 logs["vision/encoded_fraction"] = encoded / images
+        if self.rows_seen is not None and "loss" in logs:  # so far, every rank's rows (batch_metrics gathers them)
+            logs.update({f"sources/{name}/rows_seen": value for name, value in self.rows_seen.fractions().items()})
         super().log(logs, *args, **kwargs)
 
     def batch_metrics(self, inputs: list[dict[str, Any]], rewards: torch.Tensor, lengths: list[int] | None
@@ -275,10 +284,13 @@ class VLMGRPOTrainer(GRPOHooks):
         """A mixture's figures per source, over every rank's rows of the batch: ``sources/<name>/rows`` (prompts),
         ``reward`` (its rows' weighted reward), ``zero_std_groups`` (its groups without reward variance),
         ``completion_length`` and ``clipped_ratio`` (completions that reached max_completion_length); a source
-        without rows in the batch logs nothing for it."""
+        without rows in the batch logs nothing for it. A training batch's rows count as seen (:attr:`rows_seen`)."""
         if not inputs or SOURCE_COLUMN not in inputs[0]:
             return {}
-        rows = gather_object([row[SOURCE_COLUMN] for row in inputs])
+        drawn = gather_object([(row[SOURCE_COLUMN], row.get(SOURCE_ROW_COLUMN)) for row in inputs])
+        if self.rows_seen is not None and self.model.training:
+            self.rows_seen.add(drawn)
+        rows = [source for source, _ in drawn]
         weighted = (rewards * self.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1).cpu()
         every = gather_object(lengths) if lengths is not None else None
         size, figures = self.num_generations, {}
@@ -340,8 +352,16 @@ class VLMGRPOTrainer(GRPOHooks):
         for listener in self.completion_listeners:
             listener(rows)
 
+    def save_run_state(self, folder) -> None:
+        """A mixture's rows seen so far go into each checkpoint, for a resumed run to count on from."""
+        if self.rows_seen is not None:
+            self.rows_seen.save(folder)
+
     def train(self, *args, **kwargs):
         self.run_pre_checks()
+        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        if self.rows_seen is not None and isinstance(resume, str):
+            self.rows_seen.load(resume)
         self.train_dataset = number_rows(self.train_dataset)
         try:
             return super().train(*args, **kwargs)
