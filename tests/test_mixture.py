@@ -301,7 +301,9 @@ def test_a_think_answer_source_under_qwen3_5s_thinking_prompt_stops_before_the_w
 def test_two_ranks_build_one_mixture_and_train_disjoint_rows_of_it(tmp_path, run_env):
     """torchrun, 2 CPU ranks (gloo), recipes/mixture_smoke.yaml: both ranks build the same mixture (the same rows in
     the same order), each generation batch's rows are split between them with no row on both, a row's group stays on
-    one rank, and over the run each source's share of either rank's prompts follows the 3:1 weights."""
+    one rank, over the run each source's share of either rank's prompts follows the 3:1 weights, and
+    ``sources/<name>/rows_seen`` counts the rows of both ranks."""
+    import csv
     import json
     import sys
     from collections import Counter
@@ -327,6 +329,11 @@ def test_two_ranks_build_one_mixture_and_train_disjoint_rows_of_it(tmp_path, run
         assert not {row[3] for row in mine} & {row[3] for row in theirs}  # no row on both ranks in one batch
     for counts in shares:  # 24 prompts a rank; 3:1 gives 18 colour in expectation (binomial sd ~2.1)
         assert sum(counts.values()) == 24 and 12 <= counts["colour"] <= 23 and counts["boxes"] >= 1, shares
+    with open(out / "metrics.csv", newline="") as file:  # rows_seen counts both ranks' rows (96 colour, 32 boxes)
+        last = [row for row in csv.DictReader(file) if row.get("loss")][-1]
+    for source, size in (("colour", 96), ("boxes", 32)):
+        drawn = {row[3] for rank in ranks for rows in rank["batches"] for row in rows if row[0] == source}
+        assert float(last[f"sources/{source}/rows_seen"]) == pytest.approx(len(drawn) / size), (source, len(drawn))
 
 
 @pytest.mark.parametrize(("change", "said"), [
