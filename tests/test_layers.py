@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
 # Lowest first. A module matches the longest name or "name.*" pattern it falls under.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("suzak", "suzak.media.*", "suzak.scoring", "suzak.scoring.prompts", "suzak.scoring.parsing",
-                "suzak.trl_internals")),
+                "suzak.trl_internals", "suzak.runs.redaction")),  # redaction: which names are secret, read by all
     ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.scoring.rewards", "suzak.scoring.judge")),
     ("eval", ("suzak.eval.*",)),
     ("runs", ("suzak.runs.*",)),
@@ -132,7 +132,69 @@ def test_the_checks_can_fail():
     ) == ["suzak.media.vision", "suzak.scoring.parsing", "suzak.media.vision"]
 
 
+# --- the picture of the layers in docs/architecture.md, drawn from the graph ------------------------------------------
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+BEGIN, END = "<!-- layers: drawn by `python tests/test_layers.py`; do not edit -->", "<!-- end of layers -->"
+
+
+def room_of(module: str) -> str:
+    """The folder a module lives in (``data/``), or the module itself at the package's top (``train``)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "suzak"
+    return f"{parts[0]}/" if (PACKAGE / parts[0]).is_dir() else parts[0]
+
+
+def layers_picture(graph: dict[str, set[str]]) -> str:
+    """The layers top to bottom, each with its rooms (a folder's modules of that layer in brackets) and, under
+    them, the rooms of lower layers they import: the picture docs/architecture.md shows, drawn from the code."""
+    import textwrap
+
+    lines = []
+    for number in reversed(range(len(LAYERS))):
+        mine = sorted(m for m in graph if layer_of(m) == number)
+        rooms: dict[str, list[str]] = {}
+        for module in mine:
+            rooms.setdefault(room_of(module), []).append(module.split(".")[-1])
+        shown = [room + (f" ({', '.join(sorted(set(names) - {room.rstrip('/')}))})" if room.endswith("/") else "")
+                 for room, names in rooms.items()]  # fmt: skip
+        below = sorted({room_of(t) for m in mine for t in graph[m] if layer_of(t) < number} - set(rooms))
+        name = LAYERS[number][0]
+        body = textwrap.wrap("  ".join(shown), 100, break_on_hyphens=False)
+        lines += [f"{name:<24}{body[0]}", *(" " * 24 + line for line in body[1:])]
+        if below:
+            lines += textwrap.wrap("imports " + ", ".join(below), 124, initial_indent=" " * 24,
+                                   subsequent_indent=" " * 32)  # fmt: skip
+        lines.append("")
+    return "\n".join(["```", *lines[:-1], "```"])
+
+
+def drawn_block(text: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise AssertionError(f"docs/architecture.md lacks the layers' markers {BEGIN!r} ... {END!r}")
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
+
+
+def test_architecture_md_draws_the_layers_as_they_are(graph):
+    """The picture of the layers in docs/architecture.md is the one the code draws now (``python
+    tests/test_layers.py`` redraws it after a move), so it cannot drift."""
+    assert drawn_block(ARCHITECTURE.read_text(encoding="utf-8")) == layers_picture(graph), (
+        "docs/architecture.md's layers are out of date: run python tests/test_layers.py"
+    )
+
+
 def test_the_package_top_holds_at_most_16_entries():
     """src/suzak reads at a glance: the commands, trl_internals and the packages (docs/architecture.md)."""
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
     assert len(entries) <= 16, entries
+
+
+if __name__ == "__main__":  # redraw docs/architecture.md's picture of the layers
+    names = module_names()
+    drawn = layers_picture({name: imports_of(path, set(names)) - {name} for name, path in names.items()})
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    drawn_block(text)  # the markers are there
+    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
+    ARCHITECTURE.write_text(f"{head}\n{drawn}\n{tail}", encoding="utf-8")
+    print(f"{ARCHITECTURE}: layers redrawn")
