@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("suzak", "suzak.media.*", "suzak.scoring", "suzak.scoring.prompts", "suzak.scoring.parsing",
                 "suzak.trl_internals", "suzak.runs.redaction")),  # redaction: which names are secret, read by all
-    ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.scoring.rewards", "suzak.scoring.judge")),
+    ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.scoring.*")),  # scoring: the rewards by task
     ("eval", ("suzak.eval.*",)),
     ("runs", ("suzak.runs.*",)),
     ("release", ("suzak.release.*",)),

@@ -4,12 +4,11 @@ from decimal import Decimal
 
 import pytest
 
+from suzak.scoring.formats import has_gsm8k_hash_line, is_think_format
 from suzak.scoring.parsing import (
     completion_text,
     extract_tag,
     gold_answer,
-    has_gsm8k_hash_line,
-    is_think_format,
     math_equal,
     parse_count,
     parse_gsm8k_answer,

@@ -102,7 +102,7 @@ def test_evaluation_scores_the_turn_as_training_rewards_it(family_model_dir, mon
 
     from suzak.eval.engine import HFEngine
     from suzak.eval.tasks import get_task, score_rules
-    from suzak.scoring.parsing import is_think_format
+    from suzak.scoring.formats import is_think_format
     from suzak.scoring.prompts import build_conversation, render_prompt
 
     path = family_model_dir("qwen3_5")

@@ -1,1 +1,1 @@
-"""Prompts and answers: the prompt templates (`prompts`), the answer parsers shared by rewards and eval (`parsing`), the rewards and their registry (`rewards`)."""
+"""Prompts and answers: the prompt templates (`prompts`), the answer parsers shared by rewards and eval (`parsing`), the rewards by task (`answers`, `formats`, `ocr`, `grounding`, `tools`, `judge`, on what they share: `marks`) and their registry (`rewards`)."""

@@ -1,4 +1,6 @@
-"""Answer parsers: the one place rewards, evaluation and data builders read an answer out of text.
+"""Answer parsers: the one place rewards, evaluation and data builders read an answer out of text. A rule that only
+rewards read lives beside them instead (the think/answer format: :mod:`suzak.scoring.formats`; ANLS:
+:mod:`suzak.scoring.ocr`).
 
 Pure functions on strings (no torch). Rewards call them per completion; evaluation calls the same ones, so a
 training reward and an eval score can never disagree about what the model answered.
@@ -28,7 +30,6 @@ from collections.abc import Callable
 from decimal import Decimal
 
 __all__ = [
-    "anls_score",
     "box_parser",
     "completion_text",
     "content_text",
@@ -37,13 +38,9 @@ __all__ = [
     "gold_answer",
     "gold_boxes",
     "gold_texts",
-    "has_gsm8k_hash_line",
     "is_box_answer",
-    "is_think_format",
     "math_equal",
     "message_text",
-    "ocr_equal",
-    "ocr_normal",
     "parse_boxes",
     "parse_count",
     "parse_gsm8k_answer",
@@ -59,7 +56,6 @@ __all__ = [
     "vlm_r1_box",
     "vlm_r1_iou",
     "with_opening",
-    "word_parser",
 ]
 
 logger = logging.getLogger(__name__)
@@ -77,8 +73,6 @@ _NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 _NUMBER_TOKEN_RE = re.compile(r"-?\$?-?(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)")
 # openai/grade-school-math's own extractor for the gold answer (commas removed afterwards).
 _GSM8K_GOLD_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
-# R1-V's format reward's pattern (R1-V full-matches the raw text; suzak strips outer whitespace first).
-_THINK_FORMAT_RE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
 # R1-V's eval scripts' count: the first match; \d is any Unicode decimal digit (٣, ３), no sign, no decimals.
 _R1V_COUNT_RE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
 # R1-V's training reward reads tag contents with this: the first pair on one line ("." stops at a newline).
@@ -280,20 +274,6 @@ def parse_word(text: str) -> str | None:
     return text if text and len(text.split()) == 1 else None
 
 
-def word_parser(answer_format: str) -> Callable[[str], str | None]:
-    """The one-word answer of a completion in ``answer_format``: ``plain`` reads the whole completion,
-    ``think_answer`` the last ``<answer>`` tag.
-
-    >>> word_parser("plain")("Blue"), word_parser("think_answer")("<think>.</think> <answer> Blue </answer>")
-    ('blue', 'blue')
-    """
-    if answer_format == "plain":
-        return parse_word
-    if answer_format == "think_answer":
-        return lambda text: None if (tag := extract_tag(text, "answer")) is None else parse_word(tag)
-    raise ValueError(f"no word parser for answer format {answer_format!r}; known: plain, think_answer")
-
-
 def parse_count(completion_text: str, answer_format: str = "think_answer") -> int | None:
     """The count a completion answers, in the prompt template's answer format, or None.
 
@@ -479,43 +459,6 @@ def text_parser(answer_format: str) -> Callable[[str], str | None]:
     raise ValueError(f"no text parser for answer format {answer_format!r}; known: plain, think_answer")
 
 
-def ocr_normal(text: str) -> str:
-    """An OCR answer as DocVQA's evaluation compares it: lower case, whitespace runs as one space, stripped.
-
-    >>> ocr_normal("  Total:\\n 42  ")
-    'total: 42'
-    """
-    return " ".join(text.lower().split())
-
-
-def anls_score(answer: str, golds: list[str], threshold: float = 0.5) -> float:
-    """DocVQA's ANLS of one answer: for each accepted answer the normalised Levenshtein similarity 1 - NL of the two
-    :func:`ocr_normal` forms (NL from ``rapidfuzz.distance.Levenshtein.normalized_distance``), the best of them, kept
-    when NL <= ``threshold`` (tau, 0.5) and 0.0 beyond.
-
-    As DocVQA's official evaluation script (the RRC's, for DocVQA and InfographicVQA: ``1 - min(NL)``, zeroed when
-    below 0.5), so a distance of exactly 0.5 keeps its 0.5 where the ST-VQA paper's formula (NL < tau) would give 0.
-    One difference: the script divides the distance by the longer *raw* string, so stray whitespace or a case change
-    that alters a length (``ß``) lowers its NL; here both sides are normalised first.
-
-    >>> anls_score("Total 4", ["Total: 42", "total 42"]), anls_score("TOTAL  42", ["total 42"]), anls_score("no", ["42"])
-    (0.875, 1.0, 0.0)
-    """
-    from rapidfuzz.distance import Levenshtein  # imported here: only the OCR rewards need it
-
-    distance = min(Levenshtein.normalized_distance(ocr_normal(answer), ocr_normal(gold)) for gold in golds)
-    return 1.0 - distance if distance <= threshold else 0.0
-
-
-def ocr_equal(answer: str, golds: list[str]) -> bool:
-    """Whether ``answer`` is one of the accepted ``golds`` once both are :func:`ocr_normal`.
-
-    >>> ocr_equal(" Total:  42", ["total: 42"]), ocr_equal("total 42", ["total: 42"])
-    (True, False)
-    """
-    return ocr_normal(answer) in {ocr_normal(gold) for gold in golds}
-
-
 # VLM-R1's REC evaluation (om-ai-lab/VLM-R1 src/eval/test_rec_r1.py): the first <answer> block, then the last
 # quadruple of whole numbers inside braces (its greedy ".*"), else [0, 0, 0, 0].
 _VLM_R1_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -584,34 +527,6 @@ def parse_gsm8k_answer(completion_text: str) -> Decimal | None:
             return None
     match = _NUMBER_TOKEN_RE.search(region)
     return parse_number(match.group()) if match else None
-
-
-def is_think_format(text: str) -> bool:
-    """R1-V's format pattern: ``<think>…</think>`` then ``<answer>…</answer>`` and nothing else.
-
-    One deliberate difference: R1-V full-matches the raw text, so a leading space or a trailing newline scores 0
-    there; here outer whitespace is stripped first (it says nothing about the format the model learnt).
-
-    >>> is_think_format(" <think>\\nthree cubes\\n</think>\\n<answer>3</answer>\\n")
-    True
-    >>> is_think_format("<answer>3</answer>"), is_think_format("<think>a</think><answer>3</answer> done")
-    (False, False)
-    """
-    return _THINK_FORMAT_RE.fullmatch(text.strip()) is not None
-
-
-def has_gsm8k_hash_line(text: str) -> bool:
-    """Whether the last non-empty line is ``#### <number>`` (the GSM8K answer format).
-
-    >>> has_gsm8k_hash_line("2 + 16 = 18\\n#### 18\\n"), has_gsm8k_hash_line("#### $1,234")
-    (True, True)
-    >>> has_gsm8k_hash_line("#### 18\\nDone."), has_gsm8k_hash_line("#### eighteen")
-    (False, False)
-    """
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines or not lines[-1].startswith("####"):
-        return False
-    return parse_number(lines[-1][4:]) is not None
 
 
 def math_equal(completion_text: str, solution) -> bool:
