@@ -60,7 +60,7 @@ def engine_row(model: str, attempt: int) -> dict:
     code = f"""
 import os, time, torch
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
-from suzak.trl_internals import keep_vllm_cpu_weights_live, vllm_cpu_settings
+from suzak.trl_internals.vllm_engine import keep_vllm_cpu_weights_live, vllm_cpu_settings
 keep_vllm_cpu_weights_live()
 from vllm import LLM
 start = time.monotonic()

@@ -2,8 +2,8 @@
 
     torchrun --nproc_per_node 2 tests/rank_totals.py DIR
 
-Each rank logs its own judge figures as the judge does (:class:`suzak.trl_internals.RankTotal`), runs
-:meth:`suzak.trl_internals.GRPOHooks.total_over_ranks` as the trainer does after scoring, then TRL's flush of
+Each rank logs its own judge figures as the judge does (:class:`suzak.trl_internals.rewards.RankTotal`), runs
+:meth:`suzak.trl_internals.hooks.GRPOHooks.total_over_ranks` as the trainer does after scoring, then TRL's flush of
 ``_pending_metrics`` (each name's sum over every rank's values divided by their count), and writes what TRL would
 log to ``DIR/rank<R>.json``.
 """
@@ -20,7 +20,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from suzak.trl_internals import GRPOHooks, RankTotal
+from suzak.trl_internals.hooks import GRPOHooks
+from suzak.trl_internals.rewards import RankTotal
 
 
 def main(folder: str) -> None:

@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling (``dynamic_sampling``, :class:`suzak.trl_internals.DynamicSampling`): groups whose
+"""DAPO's dynamic sampling (``dynamic_sampling``, :class:`suzak.trl_internals.rounds.DynamicSampling`): groups whose
 completions all score alike are dropped and refilled with new prompts, up to a cap of extra rounds; the merged batch
 is the usual size, its kept groups exactly as generated and scored, the rest masked out. Real GRPO steps of the tiny
 Qwen2.5-VL with images and gradient accumulation; two ranks in tests/test_train_cli.py, colocated vLLM in the vLLM
@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT
 from suzak import SuzakError
 from suzak.scoring.parsing import completion_text
-from suzak.trl_internals import DynamicSampling, merge_scored_rows
+from suzak.trl_internals.rounds import DynamicSampling, merge_scored_rows
 from test_trainer import image_dataset, make_trainer
 
 SIGNAL_KEYS = {6, 7}  # of image_dataset(8)'s rows, the only ones whose completions score differently
@@ -310,7 +310,7 @@ def test_merging_rounds_pads_each_field_on_its_side_and_keeps_rows_whole():
 def test_merging_a_round_without_images_or_videos_fills_its_rows_fields_empty():
     """A refill round of text-only rows (no image fields at all) beside an image round, and a round without the
     clips' field beside one with it: every row keeps its own media, the others none (issue 51: the merge refused)."""
-    from suzak.trl_internals import VIDEO_FIELDS
+    from suzak.trl_internals.video import VIDEO_FIELDS
 
     images = _scored(3, 2, 2, start=100) | {VIDEO_FIELDS: [None, {"pixel_values_videos": torch.ones(2, 3)}]}
     text = {name: value for name, value in _scored(4, 2, 2, start=200).items()

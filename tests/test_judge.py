@@ -41,7 +41,7 @@ def squares(count: int, images: str = "aligned", seed: int = 5, size: int = 2 * 
 
 def called_as_trl_calls(reward, rows: list[dict], completions: list[str], metrics: dict | None = None) -> list:
     """``reward`` with what GRPOTrainer hands a reward for ``rows`` (one completion each), awaited."""
-    from suzak.trl_internals import reward_call_kwargs
+    from suzak.trl_internals.rewards import reward_call_kwargs
 
     def log(name, value):
         if metrics is not None:
@@ -425,7 +425,7 @@ def test_a_judge_read_after_the_templates_opening_is_pre_flighted_with_its_own_s
 
 def test_a_mixtures_judges_are_named_per_source_and_count_as_totals_over_ranks():
     """Two judged sources of a mixture logged one ``judge/calls`` (TRL's mean of the two); each source's judge now
-    logs ``judge/<source>/...``, as :class:`suzak.trl_internals.RankTotal` values the trainer totals over the ranks
+    logs ``judge/<source>/...``, as :class:`suzak.trl_internals.rewards.RankTotal` values the trainer totals over the ranks
     (test_trl_contract.py and test_judge_figures_are_summed_over_two_ranks)."""
     from suzak.scoring.rewards import routed
 
@@ -440,7 +440,7 @@ def test_a_mixtures_judges_are_named_per_source_and_count_as_totals_over_ranks()
         asyncio.run(charts(**kwargs))
     assert sorted(metrics) == ["judge/charts/cached", "judge/charts/calls", "judge/charts/failed",
                                "judge/charts/seconds"], metrics  # fmt: skip
-    from suzak.trl_internals import RankTotal
+    from suzak.trl_internals.rewards import RankTotal
 
     assert metrics["judge/charts/calls"] == 3 and metrics["judge/charts/calls"].over == "sum"
     assert isinstance(metrics["judge/charts/seconds"], RankTotal) and metrics["judge/charts/seconds"].over == "max"
@@ -449,7 +449,7 @@ def test_a_mixtures_judges_are_named_per_source_and_count_as_totals_over_ranks()
 @pytest.mark.slow
 def test_judge_figures_are_summed_over_two_ranks(tmp_path, run_env):
     """torchrun, 2 CPU ranks (gloo): rank 0 logged 3 judge calls and 2.0 s, rank 1 5 calls and 1.5 s, a third name
-    on rank 1 alone; after :meth:`~suzak.trl_internals.GRPOHooks.total_over_ranks` TRL's flush (its mean over the
+    on rank 1 alone; after :meth:`~suzak.trl_internals.hooks.GRPOHooks.total_over_ranks` TRL's flush (its mean over the
     ranks' values) logs the sums and the max on both ranks, where it logged 4 calls before."""
     from conftest import run_ok
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "suzak"
 # Lowest first. A module matches the longest name or "name.*" pattern it falls under.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("suzak", "suzak.media.*", "suzak.scoring", "suzak.scoring.prompts", "suzak.scoring.parsing",
-                "suzak.trl_internals", "suzak.runs.redaction")),  # redaction: which names are secret, read by all
+                "suzak.trl_internals.*", "suzak.runs.redaction")),  # redaction: which names are secret, read by all
     ("data, models, rewards", ("suzak.data.*", "suzak.models.*", "suzak.scoring.*")),  # scoring: the rewards by task
     ("eval", ("suzak.eval.*",)),
     ("runs", ("suzak.runs.*",)),

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from suzak.trl_internals import _row_model_inputs
+from suzak.trl_internals.sampler_guard import _row_model_inputs
 from test_trainer import image_dataset, length_reward, make_trainer
 
 # (loss_type, importance_sampling_level): each loss at the levels TRL defines it for (luspo: sequence only, vespo:

@@ -19,7 +19,7 @@ from suzak.runs.record import recipe_as_run, save_recipe, start_run
 from suzak.runs.redaction import MASK, RedactingFilter, is_secret_name, redact, secret_values
 from suzak.runs.streams import CSVStream, MetricsCSVCallback, add_run_callbacks
 from suzak.training.configs import parse_args
-from suzak.trl_internals import completion_rows
+from suzak.trl_internals.completions import completion_rows
 from test_trainer import image_dataset, length_reward, make_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from suzak.runs.streams import add_run_callbacks
 from suzak.scoring.parsing import completion_text
 from suzak.training.session import check_trained
 from suzak.training.trainer import ROW_COLUMN, number_rows
-from suzak.trl_internals import RewardFault, RewardGuard
+from suzak.trl_internals.rewards import RewardFault, RewardGuard
 from test_trainer import image_dataset, length_reward, make_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

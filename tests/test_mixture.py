@@ -406,12 +406,11 @@ def test_sft_on_a_mixture_targets_each_row_in_its_sources_format_and_evaluates_e
     import sys
 
     from conftest import run_ok
-
-    from suzak.media.boxes import with_box_frame
     from suzak.data.targets import to_sft_dataset
+    from suzak.media.boxes import with_box_frame
     from suzak.training.build import RunInputs, build_datasets, sft_trainer
     from suzak.training.configs import parse_sft_args
-    from suzak.trl_internals import reward_call_kwargs
+    from suzak.trl_internals.rewards import reward_call_kwargs
 
     suzak_args, sft_args, model_args = parse_sft_args(["--config", "recipes/sft_mixture_smoke.yaml", "--output_dir",
                                                        str(tmp_path / "unused"), "--max_steps", "1"])  # fmt: skip

@@ -144,7 +144,7 @@ def test_the_model_runs_qwens_positions_in_training_and_generation_alike(qwen2_5
 
 def test_a_row_whose_completion_images_get_no_attention_shifts_the_next_rows_images():
     """Why dynamic sampling and truncated tool rollouts leave the loss through ``tool_mask``, not ``completion_mask``
-    (:func:`suzak.trl_internals.masked_out_of_the_loss`): positions skip attention-0 tokens, but take image grids
+    (:func:`suzak.trl_internals.rounds.masked_out_of_the_loss`): positions skip attention-0 tokens, but take image grids
     from one iterator over the batch, so a row whose crop (in its completion) has no attention leaves that crop's grid
     to the next row, whose image then gets the crop's layout (here 1x4 merged tokens instead of 2x2)."""
     row0 = [(TEXT, 1), (IMAGE, 4), (TEXT, 1), (IMAGE, 4), (TEXT, 1)]  # its prompt's image, then a crop it zoomed into

@@ -248,7 +248,7 @@ def test_a_zoom_turn_that_cannot_fit_stops_before_step_1(tiny_model_dir, tmp_pat
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_a_tool_turn_is_counted_alike_before_the_weights_load(family, family_model_dir, tmp_path):
-    """suzak.trl_internals.tool_turn_length (the pre-check before any weight loads) counts what the trainer's TRL
+    """suzak.trl_internals.tools.tool_turn_length (the pre-check before any weight loads) counts what the trainer's TRL
     ``_get_tool_suffix_ids`` counts, for Qwen2.5-VL's prefix-preserving tool template and for Qwen3-VL's, which TRL
     replaces by its training template."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -259,7 +259,7 @@ def test_a_tool_turn_is_counted_alike_before_the_weights_load(family, family_mod
     from suzak.scoring.rewards import word_match
     from suzak.selftest import zoom_dataset
     from suzak.training.trainer import VLMGRPOTrainer
-    from suzak.trl_internals import tool_turn_length
+    from suzak.trl_internals.tools import tool_turn_length
 
     folder = family_model_dir(family)
     processor = AutoProcessor.from_pretrained(folder)
@@ -277,7 +277,7 @@ def test_a_tool_turn_is_counted_alike_before_the_weights_load(family, family_mod
                              **resolve_tools(["zoom"], budget.for_crops(12544)).trainer_kwargs())  # fmt: skip
     assert before == [trainer.tool_turn_length(turn) for turn in turns]
     assert before[0] < before[1] < before[2]  # the crop's visual tokens are in it
-    # the trainer renders each distinct turn once (trl_internals.tool_turn_key): another crop of a size seen, or the
+    # the trainer renders each distinct turn once (trl_internals.tools.tool_turn_key): another crop of a size seen, or the
     # same failed call's text, reuses it, and every answer is TRL's own
     from trl import GRPOTrainer
 

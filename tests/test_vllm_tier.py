@@ -636,7 +636,7 @@ def test_suzak_keeps_the_weights_the_sync_writes_into(kind, vllm_dispatch):
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-    from suzak.trl_internals import keep_vllm_cpu_weights_live
+    from suzak.trl_internals.vllm_engine import keep_vllm_cpu_weights_live
 
     assert keep_vllm_cpu_weights_live()
     method = UnquantizedLinearMethod() if kind == "linear" else UnquantizedEmbeddingMethod()
@@ -706,7 +706,7 @@ def _the_judge_served_by_vllm_scores_as_the_same_judge_loaded_locally(served_jud
     from suzak.scoring.rewards import resolve_reward
     from suzak.selftest.color import color_dataset
     from suzak.selftest.judge import picture_judge_settings
-    from suzak.trl_internals import reward_call_kwargs
+    from suzak.trl_internals.rewards import reward_call_kwargs
 
     url, folder = served_judge
     settings = picture_judge_settings(folder, 28)

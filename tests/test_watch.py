@@ -17,7 +17,7 @@ from suzak.runs.progress import CSVTail, before_after, eta_seconds, read_progres
 from suzak.runs.record import finish_run, start_run
 from suzak.runs.streams import CompletionsCSVCallback, MetricsCSVCallback
 from suzak.training.configs import parse_args
-from suzak.trl_internals import completion_rows
+from suzak.trl_internals.completions import completion_rows
 from suzak.watch import render, sparkline
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ TRL passed (suzak's logit bias among them).
 
 ``--frozen-lm-head`` puts vLLM's own CPU dispatch back on the LM head (and embeddings) while suzak keeps the linear
 layers live: vLLM then samples from the LM head's packed copy made at load, whatever the weight sync writes, which
-is the silent frozen sampler suzak fixes (``suzak.trl_internals.keep_vllm_cpu_weights_live``).
+is the silent frozen sampler suzak fixes (``suzak.trl_internals.vllm_engine.keep_vllm_cpu_weights_live``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 def _record(path: str) -> None:
     from trl.generation import vllm_generation
 
-    from suzak.trl_internals import GRPOHooks
+    from suzak.trl_internals.hooks import GRPOHooks
 
     seen: dict[str, list] = {"training_prompt_ids": [], "vllm_prompt_ids": [], "completion_ids": [], "logit_bias": [],
                              "vllm_images": [], "vllm_encoded": []}  # fmt: skip
@@ -83,7 +83,7 @@ def _freeze_lm_head() -> None:
     from vllm.model_executor.layers import utils as layer_utils
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    from suzak.trl_internals import keep_vllm_cpu_weights_live
+    from suzak.trl_internals.vllm_engine import keep_vllm_cpu_weights_live
 
     keep_vllm_cpu_weights_live()
     live = layer_utils.dispatch_cpu_unquantized_gemm

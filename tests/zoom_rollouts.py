@@ -21,7 +21,7 @@ from suzak.models.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_t
 from suzak.scoring.rewards import word_match
 from suzak.selftest import zoom_dataset
 from suzak.training.trainer import VLMGRPOTrainer
-from suzak.trl_internals import SamplerGuard
+from suzak.trl_internals.sampler_guard import SamplerGuard
 
 
 def main(model_dir: str, output: str, vllm: bool) -> None:

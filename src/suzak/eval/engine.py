@@ -293,7 +293,7 @@ class VLLMEngine(_BatchedEngine):
             kwargs["limit_mm_per_prompt"] = limits
         if self.max_images_per_prompt > 0:  # (a video request carries its own processor settings)
             kwargs["mm_processor_kwargs"] = {"min_pixels": self.budget.min_pixels, "max_pixels": self.budget.max_pixels}
-        from suzak.trl_internals import vllm_cpu_settings
+        from suzak.trl_internals.vllm_engine import vllm_cpu_settings
 
         return kwargs | vllm_cpu_settings() | self.llm_kwargs
 

@@ -4,7 +4,7 @@
 Per round, every unfinished row's conversation (its prompt, then its assistant and tool turns so far) is rendered by
 the chat template with the tools' schemas (:func:`suzak.models.tool_calling.prepare_tool_calling` first, as training
 does), the engine generates the next turn of all of them in one batch (the row's image(s) and the crops so far, one
-placeholder each), and TRL's parser reads each turn's text and calls (:func:`suzak.trl_internals.parse_turn`). A call
+placeholder each), and TRL's parser reads each turn's text and calls (:func:`suzak.trl_internals.tools.parse_turn`). A call
 runs on the row's own environment (a fresh one per row: the zoom is reset with the row's ``original_image`` and
 ``box_frame`` exactly as training resets it) or on a tool function; its answer (a crop, or TRL's ``{"error": ...}``
 text for a call the tool cannot answer) becomes a tool turn. A row ends with a turn that calls nothing, after
@@ -119,7 +119,7 @@ class ToolLoop:
             raise SuzakError("--tools: a tool conversation needs chat-format prompts (this task's are plain text)")
         environment, tools = None, list(self.toolset.tools)
         if self.toolset.environment_factory is not None:
-            from suzak.trl_internals import environment_tools  # TRL's trainer stack: only where tools run
+            from suzak.trl_internals.tools import environment_tools  # TRL's trainer stack: only where tools run
 
             environment = self.toolset.environment_factory()
             environment.reset(**with_original_image(with_box_frame(row, self.engine.model_type, self.engine.budget)))
@@ -149,7 +149,8 @@ class ToolLoop:
 
     def roll(self, rollouts: list[ToolRollout], temperature: float, seed: int | None) -> None:
         """Generate, call, generate again until every rollout has ended (see the module docstring)."""
-        from suzak.trl_internals import parse_turn  # TRL's trainer stack (~3 s of imports): not for a tool-less eval
+        # TRL's trainer stack (~3 s of imports): not for a tool-less eval
+        from suzak.trl_internals.tools import parse_turn
 
         active, rounds = list(rollouts), 0
         while active:
@@ -191,7 +192,7 @@ class ToolLoop:
     def call(self, rollout: ToolRollout, call: dict) -> dict:
         """One call's tool turn: the tool's answer, or TRL's error text (counted by the zoom's reason, else
         ``error``)."""
-        from suzak.trl_internals import tool_message
+        from suzak.trl_internals.tools import tool_message
 
         rollout.calls += 1
         function = call.get("function") or {}

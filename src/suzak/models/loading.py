@@ -15,7 +15,7 @@ classes, text models too.
 - QLoRA: TRL's ``ModelConfig`` fields ``load_in_4bit`` (``bnb_4bit_quant_type``, ``use_bnb_nested_quant``,
   ``bnb_4bit_quant_storage``) or ``load_in_8bit`` load the language model's linear layers through bitsandbytes, computing
   in the run's dtype (:func:`quantization_config`); the vision tower and ``lm_head`` stay in that dtype unless
-  ``quantize_vision_tower`` (docs/qlora.md says why). The adapters train in fp32 (:class:`suzak.trl_internals.TrainerHooks`).
+  ``quantize_vision_tower`` (docs/qlora.md says why). The adapters train in fp32 (:class:`suzak.trl_internals.hooks.TrainerHooks`).
 - ``trust_remote_code`` stays off: every supported family is a native transformers model.
 - A ``model_name_or_path`` that is a local folder (it exists, or it is written as a path: ``/``, ``./``, ``../``,
   ``~`` or more than one ``/``) is checked as one: missing, empty, without ``config.json`` or without weights is one

@@ -52,7 +52,8 @@ def prepare_tool_calling(processing_class: Any, model_type: str | None) -> None:
     """
     from trl.chat_template_utils import supports_tool_calling
 
-    from suzak.trl_internals import tool_call_parser  # TRL's trainer stack (~3 s of imports): only where tools run
+    # TRL's trainer stack (~3 s of imports): only where tools run
+    from suzak.trl_internals.tools import tool_call_parser
 
     if model_type not in CALL_FORMS:
         raise SuzakError(f"tools: suzak knows the tool-call format of {', '.join(CALL_FORMS)}, not {model_type!r}")

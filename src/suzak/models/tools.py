@@ -277,7 +277,7 @@ class ZoomFactory:
         """The largest crop's tool turn must fit ``limit`` (``max_completion_length``) with room for an answer (TRL
         silently drops a tool result that does not fit); the crops must lie within ``seen``, the budget every image
         is resized to. ``turn_length``: the tokens TRL adds for a list of tool messages
-        (:func:`suzak.trl_internals.tool_turn_length`, before the weights load; the trainer's own after)."""
+        (:func:`suzak.trl_internals.tools.tool_turn_length`, before the weights load; the trainer's own after)."""
         crops = self.budget
         if not seen.min_pixels <= crops.min_pixels <= crops.max_pixels <= seen.max_pixels:
             raise SuzakError(f"tools: the zoom's crops ({crops.min_pixels}-{crops.max_pixels} pixels) must lie within "

@@ -1,7 +1,7 @@
 """Checkpoints that are complete or ignored: a completion marker, and ``latest_checkpoint`` that trusts only that.
 
 suzak's trainers write ``checkpoint-N/`` into ``OUTPUT/.suzak-staging`` and rename it into place once every rank has
-written its part (:class:`suzak.trl_internals.TrainerHooks`), so a process killed mid-save leaves no ``checkpoint-N``
+written its part (:class:`suzak.trl_internals.hooks.TrainerHooks`), so a process killed mid-save leaves no ``checkpoint-N``
 at all. Then suzak adds a marker (``CheckpointMarkerCallback`` in :mod:`suzak.runs.streams`): ``.suzak-complete.json``
 listing every file and its size, and the run's settings for the resume check (:func:`saved_settings`). A folder is
 complete when it has no ``.suzak-saving`` sentinel (left by suzak versions that saved in place) and

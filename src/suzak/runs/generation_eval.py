@@ -157,12 +157,12 @@ class GenerationEvalCallback(TrainerCallback):
         """Each output's score by the scorer of its row (a mixture: its source's), called as training calls it: every
         column of the rows (images and clips included: a reward may look at the picture), ``trainer_state``, and a
         conversation's completion as the assistant message TRL hands over. A reward that raises or returns what
-        training could not use stops the run in one line (:class:`suzak.trl_internals.RewardFault`, as a failed
+        training could not use stops the run in one line (:class:`suzak.trl_internals.rewards.RewardFault`, as a failed
         reward does in a training step). What it logs with ``log_metric`` (a judge's ``judge/calls``, ``judge/seconds``,
         ``judge/failed``) is logged beside the accuracy as ``eval/<name>`` (a mixture: ``eval/<source>/<name>``);
         its ``log_extra`` columns are not."""
         from suzak.runs.streams import row_id
-        from suzak.trl_internals import RewardFault, RewardGuard, reward_call_kwargs, reward_name
+        from suzak.trl_internals.rewards import RewardFault, RewardGuard, reward_call_kwargs, reward_name
 
         groups = {None: list(range(len(rows)))}
         if self.scorers:

@@ -24,9 +24,9 @@ they agree with the word. The judge sees the row's image, or the picture in ``im
 after its retries, or whose reply has no verdict, scores None and is counted (``judge/failed``, and
 ``rewards/judge/nonfinite_frac`` as every None is); when more than ``max_failed_fraction`` of a batch's calls fail
 the reward raises, and the run stops in one line after a checkpoint of the last completed step
-(:class:`suzak.trl_internals.RewardFault`). Identical (image, question, answer, reference) items of one batch are
+(:class:`suzak.trl_internals.rewards.RewardFault`). Identical (image, question, answer, reference) items of one batch are
 judged once (a group repeats its answers: ``judge/cached``). Its figures (``judge/calls``, ``cached``, ``failed``:
-summed over the ranks; ``judge/seconds``: the slowest rank's wall time) are :class:`suzak.trl_internals.RankTotal`
+summed over the ranks; ``judge/seconds``: the slowest rank's wall time) are :class:`suzak.trl_internals.rewards.RankTotal`
 values; in a mixture they are named per source (``judge/<source>/calls``, :func:`suzak.scoring.rewards.routed`).
 
 Every setting is checked before the policy's weights load (:class:`JudgeSettings` for the values, :func:`check_judge`
@@ -642,8 +642,8 @@ async def judge(prompts: list, completions: list, solution: list | None = None, 
 
 def _log_cost(log_metric: Callable, seconds: float, calls: int, asked: int, failed: int) -> None:
     """The batch's ``judge/calls``, ``cached`` and ``failed``, summed over the ranks, and ``judge/seconds``, the slowest
-    rank's wall time (:class:`suzak.trl_internals.RankTotal`: TRL would average each over the ranks)."""
-    from suzak.trl_internals import RankTotal
+    rank's wall time (:class:`suzak.trl_internals.rewards.RankTotal`: TRL would average each over the ranks)."""
+    from suzak.trl_internals.rewards import RankTotal
 
     log_metric("judge/seconds", RankTotal(seconds, "max"))
     log_metric("judge/calls", RankTotal(calls))

@@ -267,7 +267,7 @@ def _import_reward(name: str) -> Callable:
 
 def _check_reward_kwargs(name: str, func: Callable, kwargs: dict) -> None:
     # GRPOTrainer passes these itself: a recipe must not set them
-    from suzak.trl_internals import REWARD_CALL_KWARGS  # GRPOTrainer passes these itself: a recipe must not set them
+    from suzak.trl_internals.rewards import REWARD_CALL_KWARGS
 
     params = inspect.signature(func).parameters
     settable = [

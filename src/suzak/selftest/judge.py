@@ -158,7 +158,7 @@ def _train_judge(folder: Path, settings_for: Callable[[Path, int], dict], exampl
     from suzak.models.tiny import TinyConfig, build_tiny_model
     from suzak.scoring.judge import LocalJudge, judge_settings, score_reply
     from suzak.selftest.report import quiet_progress
-    from suzak.trl_internals import score_labelled_positions_only
+    from suzak.trl_internals.precision import score_labelled_positions_only
 
     folder = Path(folder)
     model_dir = build_tiny_model(

@@ -61,7 +61,7 @@ def sft_prior(
     from trl import SFTConfig, SFTTrainer
 
     from suzak.media.vision import configure_processor
-    from suzak.trl_internals import score_labelled_positions_only
+    from suzak.trl_internals.precision import score_labelled_positions_only
 
     spec = config.spec
     args = SFTConfig(

@@ -132,7 +132,7 @@ def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], ste
     from suzak.data.zoom import CHECKS
     from suzak.media.boxes import model_answer, with_box_frame
     from suzak.models.tools import ZOOM, ZoomEnvironment, with_original_image
-    from suzak.trl_internals import score_labelled_positions_only
+    from suzak.trl_internals.precision import score_labelled_positions_only
 
     zoom = ZoomEnvironment(crops or budget)
     tools = [get_json_schema(zoom.zoom)]

@@ -154,7 +154,8 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     from suzak.models.loading import load_processor
     from suzak.models.tools import resolve_tools
     from suzak.training.trainer import VLMGRPOTrainer
-    from suzak.trl_internals import DynamicSampling, SamplerGuard
+    from suzak.trl_internals.rounds import DynamicSampling
+    from suzak.trl_internals.sampler_guard import SamplerGuard
 
     inputs = RunInputs.read(suzak_args, model_args, for_vllm=grpo_args.use_vllm)
     if inputs.sources:
@@ -228,12 +229,12 @@ def check_sources_opening(inputs: RunInputs, processing_class, suzak_args, grpo_
 
 
 def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
-    """TRL's ``SFTTrainer`` for an SFT recipe (with suzak's atomic checkpoints: :class:`suzak.trl_internals.SFTHooks`):
+    """TRL's ``SFTTrainer`` for an SFT recipe (with suzak's atomic checkpoints: :class:`suzak.trl_internals.hooks.SFTHooks`):
     targets in the template's answer format (:func:`suzak.data.targets.to_sft_dataset`), images fitted to the budget,
     completion-only loss."""
     from suzak.data.targets import to_sft_dataset
     from suzak.media.vision import configure_processor, fit_row_images, image_columns
-    from suzak.trl_internals import SFTHooks
+    from suzak.trl_internals.hooks import SFTHooks
 
     inputs = RunInputs.read(suzak_args, model_args)
     dataset, heldout = build_datasets(suzak_args, sft_args, inputs)
@@ -285,11 +286,11 @@ def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> 
     """With the zoom: its largest crop's tool turn against ``max_completion_length``, before any weights load
     (:meth:`suzak.models.tools.ZoomFactory.check_turn`), on the processor as the trainer will render with it: the
     family's tool template and the pixel budget put in, the tool turn counted by TRL's own code
-    (:func:`suzak.trl_internals.tool_turn_length`)."""
+    (:func:`suzak.trl_internals.tools.tool_turn_length`)."""
     from suzak.media.vision import configure_processor
     from suzak.models.tool_calling import prepare_tool_calling
     from suzak.models.tools import ZoomFactory
-    from suzak.trl_internals import tool_turn_length
+    from suzak.trl_internals.tools import tool_turn_length
 
     zoom = toolset.environment_factory
     if not isinstance(zoom, ZoomFactory):

@@ -49,7 +49,7 @@ from suzak.scoring.judge import judge_settings
 from suzak.scoring.parsing import gold_answer, gold_boxes
 from suzak.scoring.prompts import after_opening, render_answer, template_opening
 from suzak.scoring.rewards import bound_kwargs, is_judge, reads_rollout
-from suzak.trl_internals import reward_call_kwargs, reward_name
+from suzak.trl_internals.rewards import reward_call_kwargs, reward_name
 
 __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck", "preflight", "validate_rows"]
 
@@ -176,7 +176,7 @@ def _check_judge(func: Callable, rows: list[dict], ideals: list[str], answer_for
 
 
 def _call_reward(func: Callable, rows: list[dict], completions: list, form: str) -> list:
-    """Call ``func`` as GRPOTrainer's ``_calculate_rewards`` does (:func:`suzak.trl_internals.reward_call_kwargs`)."""
+    """Call ``func`` as GRPOTrainer's ``_calculate_rewards`` does (:func:`suzak.trl_internals.rewards.reward_call_kwargs`)."""
     try:
         rewards = func(**reward_call_kwargs(rows, completions))
         if inspect.isawaitable(rewards):

@@ -100,7 +100,7 @@ def save_final_model(trainer, output_dir: str) -> None:
     that fails (a full disk, a file size limit) leaves no half-written weights there, only what was there before."""
     import shutil
 
-    from suzak.trl_internals import STAGING
+    from suzak.trl_internals.checkpoints import STAGING
 
     staging = Path(output_dir) / STAGING / "final"
     writer = trainer.args.should_save

@@ -1,6 +1,6 @@
 """``VLMGRPOTrainer``: TRL's ``GRPOTrainer`` with the pixel budget, the pre-step checks and the completions stream.
 
-It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overrides TRL's private hooks (each calls
+It is built on :class:`suzak.trl_internals.hooks.GRPOHooks`, the one place that overrides TRL's private hooks (each calls
 ``super()``; no TRL method is copied), and fills in what those hooks hand over:
 
 - ``prepare_batch``: every image of a batch (``image``, ``images``, images inline in the messages) is fitted once to
@@ -14,9 +14,9 @@ It is built on :class:`suzak.trl_internals.GRPOHooks`, the one place that overri
 - ``row_names``: a batch row is named by its dataset row, an id column (``line``, ``index``, ``image_path``...)
   or, in a dataset without one, its position (``ROW_COLUMN``, added for training and removed before TRL sees a row);
 - ``train()``: the reward pre-flight, the vLLM image-bounds check and the visual-token report run before step 1
-  (:mod:`suzak.training.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.RewardFault`), a vLLM sampler
-  that does not follow the policy (:class:`suzak.trl_internals.StaleSampler`) or a nan/inf gradient norm
-  (:class:`suzak.trl_internals.NonFiniteStep`) stops it after a checkpoint of the last completed step, so
+  (:mod:`suzak.training.checks`); a reward that fails mid-run (:class:`suzak.trl_internals.rewards.RewardFault`), a vLLM sampler
+  that does not follow the policy (:class:`suzak.trl_internals.sampler_guard.StaleSampler`) or a nan/inf gradient norm
+  (:class:`suzak.trl_internals.precision.NonFiniteStep`) stops it after a checkpoint of the last completed step, so
   ``--resume_from_checkpoint latest`` continues from there.
 
 The budget takes the model's patch factor from the processor (:meth:`suzak.media.vision.PixelBudget.for_model`: 28 pixels
@@ -24,7 +24,7 @@ per visual token for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL/Qwen3.5). The processo
 never resizes a fitted image again, and pads on the left. Generation (HF or vLLM) never samples a vision placeholder
 token (:data:`suzak.media.vision.VISION_PLACEHOLDERS`, the ids the evaluation engines suppress too); with colocated vLLM,
 prompts reach vLLM with one placeholder per image and per video, and each video row's request carries its clip
-(:func:`suzak.trl_internals.vllm_requests_with_videos`).
+(:func:`suzak.trl_internals.video.vllm_requests_with_videos`).
 """
 
 from __future__ import annotations
@@ -65,14 +65,11 @@ from suzak.scoring.prompts import template_opening
 from suzak.scoring.rewards import SOURCE_COLUMN, is_judge, read_after_opening
 from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.training.configs import check_whole_groups
-from suzak.trl_internals import (
-    DynamicSampling,
-    GRPOHooks,
-    NonFiniteStep,
-    RewardFault,
-    SamplerGuard,
-    StaleSampler,
-)
+from suzak.trl_internals.hooks import GRPOHooks
+from suzak.trl_internals.precision import NonFiniteStep
+from suzak.trl_internals.rewards import RewardFault
+from suzak.trl_internals.rounds import DynamicSampling
+from suzak.trl_internals.sampler_guard import SamplerGuard, StaleSampler
 
 __all__ = ["ROW_COLUMN", "VLMGRPOTrainer", "number_rows", "row_name"]
 
@@ -117,11 +114,11 @@ class VLMGRPOTrainer(GRPOHooks):
         video_budget: fps, frame bounds and per-frame pixels of every video (:class:`suzak.media.video.VideoBudget`);
             its factor is the processor's.
         sampler_guard: with vLLM, when and how far vLLM's log-probabilities of its samples may drift from the
-            policy's before the run stops (:class:`suzak.trl_internals.SamplerGuard`; default: every 10 steps, 0.1).
+            policy's before the run stops (:class:`suzak.trl_internals.sampler_guard.SamplerGuard`; default: every 10 steps, 0.1).
         opening_in_completion: the rewards (and the pre-flight) read each completion after the chat template's
             opening of the assistant turn (Qwen3.5's ``<think>\\n``, :func:`suzak.scoring.prompts.template_opening`);
             without it, a template that opens the answer format's first tag stops the run before step 1.
-        dynamic_sampling: DAPO's dynamic sampling (:class:`suzak.trl_internals.DynamicSampling`); None: off.
+        dynamic_sampling: DAPO's dynamic sampling (:class:`suzak.trl_internals.rounds.DynamicSampling`); None: off.
         vision_reuse: each distinct image or clip of a forward pass encoded once, its features shared by the rows that
             show it (:mod:`suzak.models.vision_reuse`), and micro-batches cut by whole groups; ``vision/encoded_fraction``
             logs the images encoded over those handed to the policy's tower since the last log.
@@ -129,7 +126,7 @@ class VLMGRPOTrainer(GRPOHooks):
             drawn into a training batch so far (:class:`suzak.data.mixture.RowsSeen`, saved in each checkpoint).
 
     ``completion_listeners``: callables that receive, on the main process, the rows of every scored training batch
-    (:func:`suzak.trl_internals.completion_rows`); set the same list on every rank.
+    (:func:`suzak.trl_internals.completions.completion_rows`); set the same list on every rank.
     """
 
     def __init__(
