@@ -211,9 +211,10 @@ def test_trainer_save_checkpoint_is_what_a_save_step_runs():
 
 
 def test_the_scored_batch_holds_what_the_sampler_guard_reads():
-    """``GRPOHooks._check_sampler`` scores rows of the batch ``_generate_and_score_completions`` returns: prompt and
-    completion ids and masks, the images (Qwen's ``pixel_values`` / ``image_grid_thw`` / ``num_images``), the
-    multimodal token types, and vLLM's own log-probabilities of the sampled tokens, at TRL's sampling temperature."""
+    """``suzak.trl_internals.sampler_guard.check_sampler`` scores rows of the batch ``_generate_and_score_completions``
+    returns: prompt and completion ids and masks, the images (Qwen's ``pixel_values`` / ``image_grid_thw`` /
+    ``num_images``), the multimodal token types, and vLLM's own log-probabilities of the sampled tokens, at TRL's
+    sampling temperature."""
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
         assert f'"{key}": {key},' in source

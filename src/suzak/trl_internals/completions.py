@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from suzak.scoring.parsing import message_text
@@ -47,3 +49,15 @@ def _cell(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return ""
     return "" if value is None else value
+
+
+@contextmanager
+def plain_text_logs(logs: dict[str, Any]):
+    """Within the block, TRL's ``_logs`` hold their prompts and completions as plain text (:func:`message_text`)."""
+    prompts, completions = logs["prompt"], logs["completion"]
+    logs["prompt"] = deque((message_text(p) for p in prompts), maxlen=prompts.maxlen)
+    logs["completion"] = deque((message_text(c) for c in completions), maxlen=completions.maxlen)
+    try:
+        yield
+    finally:
+        logs["prompt"], logs["completion"] = prompts, completions

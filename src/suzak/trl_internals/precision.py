@@ -17,6 +17,7 @@ The tests named are in tests/test_trl_contract.py.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -94,3 +95,27 @@ def score_labelled_positions_only() -> None:
     compact.compact_on_cpu = True
     compact.trl_use_triton = tritons
     trl_utils._use_triton = compact
+
+
+def checked_grad_norm(trainer, model, norm):
+    """A step's gradient ``norm`` (transformers' ``_get_grad_norm``) checked before the optimizer step: nan or inf
+    raises :class:`NonFiniteStep`, or with ``on_nonfinite = "skip"`` drops the step's gradients (counted)."""
+    value = norm.item() if isinstance(norm, torch.Tensor) else norm
+    if value is None or math.isfinite(value):
+        return norm
+    step = trainer.state.global_step + 1
+    rows = trainer.step_rows()
+    where = f"step {step}" + (f" (rows of its batch: {', '.join(rows[:8])}{', ...' if len(rows) > 8 else ''})"
+                              if rows else "")  # fmt: skip
+    if trainer.on_nonfinite == "skip" and not trainer.is_deepspeed_enabled:
+        trainer.nonfinite_skipped += 1
+        model.zero_grad(set_to_none=True)  # the optimizer skips parameters without a gradient
+        logger.warning("the gradient norm is %s at %s: the optimizer step is skipped, every weight stays as it "
+                       "was (%d step(s) skipped so far; nonfinite/skipped_steps)", value, where,
+                       trainer.nonfinite_skipped)  # fmt: skip
+        return norm
+    if trainer.is_deepspeed_enabled:
+        raise NonFiniteStep(f"the gradient norm is {value} at {where}; DeepSpeed has already applied it, so "
+                            "nothing is saved from this run state")  # fmt: skip
+    raise NonFiniteStep(f"the gradient norm is {value} at {where} (a nan or inf loss); the step was not applied "
+                        "and no weight changed (on_nonfinite skip would skip such steps and count them)")  # fmt: skip

@@ -13,7 +13,7 @@ Contract tests (tests/test_trl_contract.py):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -104,3 +104,30 @@ def _none_for_empty(images: list | None) -> list | None:
     """TRL's per-row image lists with None for a row without images: TRL's vLLM requests send ``row[0]`` unless the
     row is None."""
     return images if images is None else [row or None for row in images]
+
+
+def tokenize_each_prompt_once(trainer, tokenize: Callable, prompts: list):
+    """TRL's ``tokenize`` (``_tokenize_prompts``) on each distinct prompt once, its output then laid out for every row as TRL's
+    own call on all rows gives it (the same ids, pixel values and grids, tested to the bit): a batch holds each
+    prompt ``num_generations`` times (the sampler repeats it), and the processor resized and patched every copy
+    of its images again (the counting trainer-test: 166 ms a step for 128 rows, 12 ms for their 16 prompts). Prompts
+    are the same when their messages' text and images' pixels are (and, with ``environment_factory``, their
+    environment, whose tools TRL renders into each): :func:`prompt_keys`. Anything else falls back to TRL's call."""
+    environments = trainer._batch_environments if trainer.environment_factories is not None else None
+    keys = prompt_keys(prompts, environments)
+    if keys is None or len(set(keys)) == len(keys):
+        return tokenize(prompts)
+    first: dict = {}
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    if environments is not None:
+        trainer._batch_environments = [environments[row] for row in first.values()]
+    try:
+        prompt_ids, images, fields = tokenize([prompts[row] for row in first.values()])
+    finally:
+        if environments is not None:
+            trainer._batch_environments = environments
+    position = {key: index for index, key in enumerate(first)}
+    rows = [position[key] for key in keys]
+    expanded = expand_tokenized_prompts(prompt_ids, images, fields, rows)
+    return expanded if expanded is not None else tokenize(prompts)

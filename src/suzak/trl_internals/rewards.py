@@ -21,6 +21,7 @@ The tests named are in tests/test_trl_contract.py.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -28,9 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 from suzak import SuzakError
+
+logger = logging.getLogger(__name__)
 
 # Keyword arguments GRPOTrainer._calculate_rewards passes to every reward itself (beside the dataset's columns).
 REWARD_CALL_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
@@ -58,7 +62,7 @@ class RankTotal(float):
     """A figure a reward logs (``log_metric``) as the total over every rank of a batch, not TRL's mean over them:
     ``RankTotal(calls)`` is summed, ``RankTotal(seconds, "max")`` the largest. TRL averages each ``log_metric`` name
     over the values the ranks logged, so a judge's calls under torchrun would read as one rank's share; the trainer
-    hands TRL this total on every rank instead (:meth:`GRPOHooks.total_over_ranks`). Outside training it is the float.
+    hands TRL this total on every rank instead (:meth:`.hooks.GRPOHooks.total_over_ranks`). Outside training it is the float.
 
     >>> RankTotal(3) + 1, RankTotal(2.5, "max").over
     (4.0, 'max')
@@ -210,5 +214,95 @@ def _failing_alone(func: Callable, kwargs: dict) -> list[int]:
     return failing
 
 
-def _batch_positions(count: int) -> list[str]:
+def batch_positions(count: int) -> list[str]:
     return [f"batch row {i}" for i in range(count)]
+
+
+def screened_rewards(trainer, calculate: Callable, inputs, *args, **kwargs):
+    """TRL's ``calculate`` (``_calculate_rewards``) with every reward guarded (:class:`RewardGuard`), the rollouts'
+    and rows' columns logged, the rewards screened (:func:`screen_rewards`), each :class:`RankTotal` totalled over the
+    ranks and the subclass's batch figures logged."""
+    rows = trainer._batch_rows if len(trainer._batch_rows) == len(inputs) else batch_positions(len(inputs))
+    guard = RewardGuard(rows)
+    funcs = trainer.reward_funcs
+    trainer.reward_funcs = [guard.wrap(f, name) for f, name in zip(funcs, trainer.reward_func_names, strict=True)]
+    try:
+        rewards = calculate(inputs, *args, **kwargs)  # (completions of every rank, rewards)
+    finally:
+        trainer.reward_funcs = funcs
+    environments = trainer.environments or []
+    if len(environments) == len(inputs):  # one per rollout, in the rollouts' order (TRL draws them per batch)
+        for column, values in trainer.rollout_columns(environments).items():
+            trainer._log_completion_extra(column, values)
+    for column, values in trainer.row_columns(inputs).items():
+        trainer._log_completion_extra(column, values)
+    rewards = screen_rewards(trainer, rewards, guard, trainer.reward_rows(inputs))
+    ids = args[2] if len(args) > 2 else kwargs.get("completion_ids_list")
+    lengths = [len(row) for row in ids] if ids is not None and len(ids) == len(inputs) else None
+    total_over_ranks(trainer)
+    for name, value in trainer.batch_metrics(inputs, rewards, lengths).items():
+        trainer._log_metric(name, value)
+    return rewards
+
+
+def total_over_ranks(trainer) -> None:
+    """Each :class:`RankTotal` the rewards logged this batch becomes its total over every rank, on every rank
+    (TRL flushes ``_pending_metrics`` after scoring as ``sum / count`` over the ranks' values, so it then logs
+    that total); a rank that logged none of a name (a mixture's rank without that source's rows) counts 0."""
+    pending = trainer._pending_metrics
+    mine = sorted({(name, values[0].over) for name, values in pending.items()
+                   if values and isinstance(values[0], RankTotal)})  # fmt: skip
+    totals = dict(sorted(set(map(tuple, gather_object(mine)))))  # name -> over, alike on every rank
+    device = trainer.accelerator.device
+    for name, over in totals.items():
+        values = [float(value) for value in pending.get(name, [])]
+        local = sum(values) if over == "sum" else max(values, default=0.0)
+        gathered = trainer.accelerator.gather(torch.tensor([local], dtype=torch.float64, device=device))  # (ranks,)
+        total = gathered.sum() if over == "sum" else gathered.max()
+        pending[name] = [RankTotal(total.item(), over)]
+
+
+def screen_rewards(trainer, rewards: torch.Tensor, guard: RewardGuard, scored: torch.Tensor | None = None
+                   ) -> torch.Tensor:  # fmt: skip
+    """What TRL goes on with after scoring a batch; ``rewards`` (completions of every rank, rewards) is the same
+    on every rank, and so is every decision here.
+
+    Stops on a failed reward call (any rank's); logs ``rewards/<name>/nonfinite_frac`` (None, NaN or inf) for each
+    reward, over the rows it scores (``scored``: (completions of every rank, rewards), True where a reward scores
+    the row; None: every row); in training, stops when no weighted reward scored any completion (TRL would train on advantages of
+    0: loss 0, no warning); hands TRL inf as NaN, which it skips like None (inf would turn its group's
+    advantages into NaN).
+    """
+    training = trainer.model.training
+    where = (
+        f"step {trainer.state.global_step + 1}" if training else f"evaluation after step {trainer.state.global_step}"
+    )
+    failures = gather_object(guard.failures)
+    if failures:
+        more = f" (and {len(failures) - 1} more failed reward call(s))" if len(failures) > 1 else ""
+        raise RewardFault(failures[0].message(where) + more) from (guard.errors[0] if guard.errors else None)
+    say_nonfinite(trainer, guard, where)
+    finite = torch.isfinite(rewards)  # (N, R)
+    scored = torch.ones_like(finite) if scored is None else scored.to(finite.device)
+    for i, name in enumerate(trainer.reward_func_names):
+        if scored[:, i].any():
+            trainer._log_metric(f"rewards/{name}/nonfinite_frac", 1.0 - finite[scored[:, i], i].float().mean().item())
+    weighted = [i for i, weight in enumerate(trainer.reward_weights.tolist()) if weight != 0]
+    if training and weighted and not finite[:, weighted].any():
+        names = ", ".join(repr(trainer.reward_func_names[i]) for i in weighted)
+        raise RewardFault(
+            f"no reward scored any completion at {where}: {names} gave None, nan or inf for all {len(rewards)} "
+            "completions, so the step would train on nothing (loss 0)"
+        )
+    return rewards.masked_fill(~finite, float("nan"))
+
+
+def say_nonfinite(trainer, guard: RewardGuard, where: str) -> None:
+    for name, positions in guard.nonfinite.items():
+        if name not in trainer._nonfinite_said:
+            trainer._nonfinite_said.add(name)
+            logger.warning(
+                "reward %r returned nan or inf for %d of %d completions at %s (first: %s); such values are "
+                "skipped like None and counted in rewards/%s/nonfinite_frac (said once per reward)",
+                name, len(positions), len(guard.rows), where, guard.rows[positions[0]], name,
+            )  # fmt: skip

@@ -18,16 +18,20 @@ Contract tests (tests/test_trl_contract.py): ``test_scored_batch_fields_are_the_
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from trl.trainer.utils import nanstd, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 from suzak import SuzakError
 from suzak.trl_internals.video import VIDEO_FIELDS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -262,3 +266,116 @@ def _absent(name: str, like: Any, batch: dict[str, Any]) -> Any:
         return like.new_zeros((rows, width))
     raise SuzakError(f"dynamic sampling: a generation round returned no {name!r} where another did; suzak cannot "
                      "fill it for that round's rows")  # fmt: skip
+
+
+def dynamically_sampled(trainer, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """GRPOHooks._generate_and_score_completions in training with :class:`DynamicSampling`: rounds of generation until every rank holds as many groups with a signal as its
+    batch has groups (or the cap), merged into one scored batch of the usual size."""
+    sampling, size = trainer.dynamic_sampling, trainer.num_generations
+    groups, rank = len(inputs) // size, trainer.accelerator.process_index
+    batches, spare = [], []  # the rounds' scored batches; (round, group) dropped on this rank
+    held = torch.zeros(trainer.accelerator.num_processes, dtype=torch.long)  # kept groups so far, each rank
+    dropped = tokens = 0
+    logged = {key: len(values) for key, values in trainer._metrics["train"].items()}  # before this batch's rounds
+    signals, round_rewards = [], []  # each round's (ranks, groups) decisions and (ranks x rows, functions) rewards
+    for extra in range(sampling.max_rounds + 1):
+        batch = inputs if extra == 0 else trainer.extra_prompts(groups, extra)
+        batches.append(trainer._generate_and_score_round(batch))
+        tokens += trainer._generated_tokens
+        signal = sampling.kept(trainer._group_std.cpu()).view(-1, groups)  # (ranks, groups): alike on every rank
+        signals.append(signal)
+        round_rewards.append(trainer._round_rewards)
+        held += signal.sum(1)
+        dropped += int((~signal).sum())
+        spare += [(extra, g) for g in range(groups) if not signal[rank, g]]
+        if bool((held >= groups).all()):
+            break
+    picked = trained_groups(signals, rank, groups)
+    filler = spare[len(spare) - (groups - len(picked)) :] if len(picked) < groups else []
+    rows = [(b, g * size + i) for b, g in picked + filler for i in range(size)]
+    pad_id = getattr(trainer.processing_class, "tokenizer", trainer.processing_class).pad_token_id  # TRL's padding
+    output = merge_scored_rows(batches, rows, range(len(picked) * size, len(rows)), pad_id)
+    output["num_items_in_batch"] = loss_tokens(trainer, output)
+    trained = int(held.clamp(max=groups).sum())
+    trainer._generation_trains = trained > 0  # alike on every rank (held is gathered)
+    short = held.numel() * groups - trained
+    metrics = trainer._metrics["train"]
+    # what the rounds held until the merge (every round's scored tensors, this rank): the memory max_rounds costs
+    metrics["dynamic_sampling/rounds_mib"].append(sum(_tensor_bytes(batch) for batch in batches) / 2**20)
+    log_kept_rewards(trainer, signals, round_rewards, groups, logged)
+    for name, value in (("kept_groups", trained), ("dropped_groups", dropped), ("extra_rounds", extra)):
+        metrics[f"dynamic_sampling/{name}"].append(float(value))
+    metrics["generated_tokens"].append(float(tokens))  # every round's
+    if short:
+        logger.log(logging.INFO if not trainer._short_batches else logging.DEBUG,
+                   "dynamic sampling: the batch for step %d trains on %d of %d groups after %d extra round(s) "
+                   "(dynamic_sampling_max_rounds); the other %d have one reward for all their completions and "
+                   "are masked out (dynamic_sampling/kept_groups in the metrics)", trainer.state.global_step + 1,
+                   trained, trained + short, extra, short)  # fmt: skip
+        trainer._short_batches += 1
+    return output
+
+
+def loss_tokens(trainer, output: dict[str, Any]) -> torch.Tensor:
+    """Tokens of a scored batch in the loss, over every rank: TRL's ``num_items_in_batch``, recounted where suzak
+    changed the masks (``completion_mask × tool_mask``, as TRL's loss reads them)."""
+    loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+    return trainer.accelerator.gather(loss_mask.sum()).sum()
+
+
+def log_kept_rewards(trainer, signals: list[torch.Tensor], round_rewards: list[torch.Tensor], groups: int,
+                     logged: dict[str, int]) -> None:  # fmt: skip
+    """TRL logged ``reward``, ``reward_std``, ``frac_reward_zero_std`` and ``rewards/<name>/mean|std`` once per
+    round, over every round's rows, dropped groups included. They become the figures of the groups this step
+    trains on, over every rank (each rank's first ``groups`` kept groups, in round order: what the merge keeps);
+    the all-rounds ones move to ``dynamic_sampling/all_rounds/<name>``. A batch that kept no group keeps
+    TRL's."""
+    size = trainer.num_generations
+    rows = []  # (round, row of the gathered rewards) of every kept completion, every rank
+    for rank in range(signals[0].size(0)):
+        kept = trained_groups(signals, rank, groups)
+        rows += [(r, (rank * groups + g) * size + i) for r, g in kept for i in range(size)]
+    if not rows:
+        return
+    per_func = torch.stack([round_rewards[r][row] for r, row in rows])  # (kept completions, functions)
+    total = weighted_rewards(per_func, trainer.reward_weights)
+    group_std = nanstd(total.view(-1, size), dim=1)
+    figures = {"reward": torch.nanmean(total).item(), "reward_std": nanstd(total).item(),
+               "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item()}  # fmt: skip
+    for i, name in enumerate(trainer.reward_func_names):
+        figures[f"rewards/{name}/mean"] = torch.nanmean(per_func[:, i]).item()
+        figures[f"rewards/{name}/std"] = nanstd(per_func[:, i]).item()
+    metrics = trainer._metrics["train"]
+    for key, value in figures.items():
+        rounds = metrics[key][logged.get(key, 0) :]
+        if not rounds:
+            continue
+        del metrics[key][logged.get(key, 0) :]
+        metrics[key].append(value)
+        metrics[f"dynamic_sampling/all_rounds/{key}"].append(sum(rounds) / len(rounds))
+
+
+def extra_prompts(trainer, groups: int, extra: int) -> list[dict[str, Any]]:
+    """``groups`` rows of the training set drawn for an extra round of dynamic sampling, each ``num_generations``
+    times: drawn from the seed, the step, the generation within the step, the round and the rank, so a resumed
+    run draws the same. A step may hold several generations (``steps_per_generation × num_iterations`` below
+    ``gradient_accumulation_steps``): TRL's micro-step counter ``_step`` (0 at a step's start, also after a
+    resume) tells them apart, or each would draw the same refill rows."""
+    dataset = trainer.train_dataset
+    accumulation = getattr(trainer, "current_gradient_accumulation_steps", trainer.args.gradient_accumulation_steps)
+    within = trainer._step % accumulation  # TRL's count of training_step calls (tests/test_trl_contract.py)
+    seed = [trainer.args.seed, trainer.state.global_step, within, extra, trainer.accelerator.process_index]
+    picks = np.random.default_rng(seed).choice(len(dataset), size=groups, replace=len(dataset) < groups)
+    return [dict(row) for row in (dataset[int(i)] for i in picks) for _ in range(trainer.num_generations)]
+
+
+def note_group_signals(trainer, rewards: torch.Tensor, inputs: list[dict]) -> None:
+    """After a training batch's rewards (dynamic sampling): each group's reward std (over ranks), the rewards kept for
+    the step's figures, and completions.csv's ``group_signal`` column."""
+    trainer._group_std = group_reward_std(rewards, trainer.reward_weights, trainer.num_generations)
+    trainer._round_rewards = rewards.detach().cpu()
+    # completions.csv's group_signal: 1 where the row's group has a reward signal (kept, unless the batch
+    # already had its groups), 0 where dynamic sampling drops it; this rank's rows, in order
+    signal = trainer.dynamic_sampling.kept(trainer._group_std.cpu()).repeat_interleave(trainer.num_generations)
+    start = trainer.accelerator.process_index * len(inputs)
+    trainer._log_completion_extra("group_signal", [int(v) for v in signal[start : start + len(inputs)]])

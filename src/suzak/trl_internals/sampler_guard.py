@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from suzak import SuzakError
+from suzak.trl_internals.video import VIDEO_FIELDS, feeding_videos_of
 
 logger = logging.getLogger(__name__)
 
@@ -121,3 +123,63 @@ def _row_model_inputs(batch: dict[str, Any], row: int) -> dict[str, Any]:
         inputs["pixel_values"] = batch["pixel_values"][start : start + sum(rows_per_image[first : first + count])]
         inputs["image_grid_thw"] = batch["image_grid_thw"][first : first + count]
     return inputs
+
+
+def check_sampler(trainer, batch: dict[str, Any]) -> None:
+    """The stale-sampler guard (:class:`SamplerGuard`) on the batch TRL just generated with vLLM and scored:
+    a few completions of each rank, the gap averaged over ranks, so every rank decides alike."""
+    step = trainer.state.global_step + 1
+    guard = trainer.sampler_guard
+    if not trainer.use_vllm or not guard.due(step):
+        return
+    if (trainer.repetition_penalty or 1.0) != 1.0:
+        logger.warning("the stale-sampler guard is off: with repetition_penalty %g vLLM's log-probabilities "
+                       "depend on each prefix's penalties, which it does not reproduce", trainer.repetition_penalty)  # fmt: skip
+        guard.every = 0
+        return
+    sums = torch.zeros(4, device=trainer.accelerator.device)  # |gap| summed, tokens, suppressed mass summed, max |gap|
+    if batch.get("sampling_per_token_logps") is not None:
+        count = batch["completion_ids"].size(0)
+        for row in sorted({i * count // guard.rows for i in range(min(guard.rows, count))}):  # across prompts
+            part = sampler_gap(trainer, batch, row)
+            sums[:3] += part[:3]
+            sums[3] = torch.maximum(sums[3], part[3])
+    totals = trainer.accelerator.gather(sums[None])  # (ranks, 4)
+    tokens = totals[:, 1].sum().item()
+    if tokens == 0:
+        return
+    gap, largest, mass = (
+        totals[:, 0].sum().item() / tokens,
+        totals[:, 3].max().item(),
+        totals[:, 2].sum().item() / tokens,
+    )
+    for name, value in (("logp_gap", gap), ("logp_gap_max", largest), ("suppressed_mass", mass)):
+        trainer._metrics["train"][f"sampler_check/{name}"].append(value)  # this step's log line: metrics.csv, W&B
+    guard.check(step, gap, largest, mass)
+
+
+@torch.no_grad()
+def sampler_gap(trainer, batch: dict[str, Any], row: int) -> torch.Tensor:
+    """(sum of |log p_vLLM - log p_policy|, tokens, sum of the suppressed mass, max gap) over one row's completion:
+    the policy's log-probability of each sampled token under vLLM's sampling rule (:func:`sampling_logps`),
+    against what vLLM returned."""
+    length = batch["completion_ids"].size(1)
+    videos = batch.get(VIDEO_FIELDS)
+    with trainer.accelerator.autocast(), (nullcontext() if videos is None else
+                                       feeding_videos_of(trainer.processing_class, trainer.model, [videos[row]])):  # fmt: skip
+        logits = trainer.model(**_row_model_inputs(batch, row), logits_to_keep=length + 1).logits[0, :-1]  # (C, V)
+    bias = trainer.vllm_generation.generation_kwargs.get("logit_bias") or {}
+    logps = sampling_logps(logits, temperature=trainer.temperature, logit_bias=bias, top_k=trainer.top_k or 0,
+                           top_p=trainer.top_p if trainer.top_p is not None else 1.0, min_p=trainer.min_p)  # fmt: skip
+    suppressed = trainer.suppressed_token_ids  # the biased-out ones, read from the same logit bias
+    mass = (logits.float() / trainer.temperature).softmax(-1)[:, suppressed].sum(-1)  # (C,) the policy's own
+    sampled = logps.gather(-1, batch["completion_ids"][row][:, None])[:, 0]  # (C,)
+    vllm = batch["sampling_per_token_logps"][row].float()
+    mask = batch["completion_mask"][row].bool() & ~torch.isnan(vllm)
+    if "tool_mask" in batch:  # tool turns (TRL's 0 for logps vLLM never sampled) are not the sampler's
+        mask &= batch["tool_mask"][row].bool()
+    gap = (sampled - vllm).abs()[mask]
+    if gap.numel() == 0:
+        return torch.zeros(4, device=logits.device)
+    return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device), mass[mask].sum(),
+                        gap.max()])  # fmt: skip

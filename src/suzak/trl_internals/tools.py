@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from trl import GRPOTrainer
 
 
@@ -103,7 +104,7 @@ def tool_turn_key(tool_messages: list[dict], chat_template_kwargs: Mapping | Non
 
 
 def tool_turn_length(processing_class: Any, tool_messages: list[dict], chat_template_kwargs: dict | None = None) -> int:
-    """What :meth:`GRPOHooks.tool_turn_length` counts, before any trainer or weights exist: TRL's own
+    """What :meth:`.hooks.GRPOHooks.tool_turn_length` counts, before any trainer or weights exist: TRL's own
     ``GRPOTrainer._get_tool_suffix_ids`` on the attributes it reads, set as ``GRPOTrainer.__init__`` sets them for a
     run with tools on a VLM (the processor's template, or TRL's prefix-preserving training template in its place).
     ``processing_class`` must already render tool calls (:func:`suzak.models.tool_calling.prepare_tool_calling`)."""
@@ -120,3 +121,15 @@ def tool_turn_length(processing_class: Any, tool_messages: list[dict], chat_temp
         _tokenizer=processing_class.tokenizer,
     )
     return len(GRPOTrainer._get_tool_suffix_ids(reader, tool_messages))
+
+
+def log_tool_problems(trainer) -> None:
+    """This batch's failed tool calls by reason (the trainer's ``tool_problem_counts`` over TRL's per-rollout
+    ``environments``), summed over ranks into the step's log as ``tools/<reason>``."""
+    counts = trainer.tool_problem_counts(trainer.environments or [])
+    if not counts:
+        return
+    totals = trainer.accelerator.gather(torch.tensor([list(counts.values())], device=trainer.accelerator.device))
+    mode = "train" if trainer.model.training else "eval"
+    for reason, total in zip(counts, totals.sum(0).tolist(), strict=True):
+        trainer._metrics[mode][f"tools/{reason}"].append(float(total))

@@ -16,14 +16,14 @@ Contract tests (tests/test_trl_contract.py): ``test_tokenize_prompts_hands_chat_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
 from suzak import SuzakError
-from suzak.media.video import Clip
+from suzak.media.video import Clip, processor_kwargs, video_of
 
 # The key of the scored batch that carries each row's video tensors (a list, one entry per row: TRL shuffles and
 # splits lists along the rows with everything else).
@@ -112,3 +112,64 @@ def feeding_videos(model: torch.nn.Module, rows: Sequence[dict | None], video_to
         yield
     finally:
         handle.remove()
+
+
+def clips_of(prompts: list) -> list[Clip]:
+    """The video clips of a batch's prompts, in order."""
+    return [part["video"] for prompt in prompts if isinstance(prompt, list) for part in _parts(prompt)
+            if part.get("type") == "video" and isinstance(part.get("video"), Clip)]  # fmt: skip
+
+
+def feeding_videos_of(processing_class: Any, model: torch.nn.Module, rows: Sequence[dict | None]):
+    """:func:`feeding_videos` for a VL model's processor (``processing_class``); nothing for a text model, whose
+    tokenizer has no video placeholder (a dataset with images or video for a text model stops before step 1:
+    ``suzak.training.session``)."""
+    video_token = getattr(processing_class, "video_token_id", None)  # a VL processor's; a tokenizer has none
+    if video_token is None:
+        if any(row is not None for row in rows):
+            raise SuzakError(f"{type(processing_class).__name__} has no video placeholder: a text model "
+                             "cannot take video rows")  # fmt: skip
+        return nullcontext()
+    return feeding_videos(model, rows, video_token)
+
+
+@contextmanager
+def holding_videos(trainer, rows: list[dict | None] | None):
+    """Within the block, ``trainer._video_rows`` are these rows' video tensors (what TRL's model calls get)."""
+    saved, trainer._video_rows = trainer._video_rows, rows
+    try:
+        yield
+    finally:
+        trainer._video_rows = saved
+
+
+def video_fields(processor: Any, device: Any, inputs: list[dict[str, Any]]) -> list[dict | None] | None:
+    """Each row's video tensors for the model (``pixel_values_videos``, ``video_grid_thw`` and, for Qwen2.5-VL,
+    ``second_per_grid_ts``), from the processor on the row's clip; None for a batch without video. The copies of
+    a prompt share one clip, and one set of tensors."""
+    clips = [video_of(row) for row in inputs]
+    if not any(isinstance(clip, Clip) for clip in clips):
+        return None
+    computed: dict[int, dict] = {}
+    for clip in clips:
+        if isinstance(clip, Clip) and id(clip) not in computed:
+            out = processor(text=[processor.video_token], videos=[clip.frames], return_tensors="pt",
+                            **processor_kwargs([clip]))  # fmt: skip
+            fields = {k: torch.as_tensor(out[k]).to(device)
+                      for k in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts") if k in out}  # fmt: skip
+            computed[id(clip)] = fields
+    return [computed[id(clip)] if isinstance(clip, Clip) else None for clip in clips]
+
+
+def tokenized_with_frames(trainer, tokenize: Callable, clips: list, prompts: list):
+    """TRL's ``tokenize`` (``_tokenize_prompts``) on prompts with video ``clips``: they reach the processor as their
+    frames, with the clips' metadata (through ``apply_chat_template``'s ``processor_kwargs``, which TRL passes on from
+    ``chat_template_kwargs``)."""
+    saved = trainer.chat_template_kwargs
+    given = dict(saved.get("processor_kwargs") or {})
+    trainer.chat_template_kwargs = {**saved, "processor_kwargs": {**given, **processor_kwargs(clips)}}
+    try:
+        prompt_ids, images, fields = tokenize([_with_frames(prompt) for prompt in prompts])
+    finally:
+        trainer.chat_template_kwargs = saved
+    return prompt_ids, images, fields

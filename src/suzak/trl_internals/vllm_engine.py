@@ -14,12 +14,17 @@ Contract tests: tests/test_trl_contract.py (``test_weight_sync_resets_the_prefix
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from suzak import SuzakError
+from suzak.media.video import vllm_video
+from suzak.media.vision import collapse_runs, collapse_video_blocks
+from suzak.trl_internals.prompts import _none_for_empty
+from suzak.trl_internals.video import vllm_requests_with_videos
 
 logger = logging.getLogger(__name__)
 
@@ -157,3 +162,28 @@ def keep_vllm_cpu_weights_live() -> bool:
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``layer.cpu_linear`` as vLLM calls it, over the layer's own (live) weight."""
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def generate_single_turn(trainer, generate: Callable, prompt_ids, images, *args, **kwargs):
+    """TRL's ``generate`` (``_generate_single_turn``) with colocated vLLM's prompts as vLLM expands them itself: one
+    placeholder per image, and each video row's clip in its request; other generation as it is."""
+    images = _none_for_empty(images)
+    colocated = trainer.use_vllm and trainer.vllm_mode == "colocate"
+    if colocated and images is not None:
+        # TRL hands colocated vLLM the processor-expanded prompt ids and vLLM expands every <|image_pad|> again
+        # (TRL #6294): one placeholder per image instead. The server path places precomputed image features on
+        # the runs of image tokens, so it keeps them expanded.
+        token = trainer.processing_class.image_token_id
+        prompt_ids = [collapse_runs(list(ids), token) for ids in prompt_ids]
+    clips = trainer._batch_clips
+    if not colocated or clips is None:  # (server mode with video rows stops before step 1)
+        return generate(prompt_ids, images, *args, **kwargs)
+    # TRL's colocated call sends vLLM images only: each video row's request gets its clip, and its prompt ids
+    # with the video back to the placeholder vLLM expands itself (to the same ids: tests/test_vllm_boundary.py).
+    token = trainer.processing_class.tokenizer.convert_tokens_to_ids
+    start, end, pad = token("<|vision_start|>"), token("<|vision_end|>"), token("<|video_pad|>")
+    prompt_ids = [list(ids) if clip is None else collapse_video_blocks(list(ids), start, end, pad)
+                  for ids, clip in zip(prompt_ids, clips, strict=True)]  # fmt: skip
+    videos = [None if clip is None else vllm_video(clip, trainer.processing_class) for clip in clips]
+    with vllm_requests_with_videos(trainer.vllm_generation.llm, videos):
+        return generate(prompt_ids, images, *args, **kwargs)
