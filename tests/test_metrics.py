@@ -18,6 +18,7 @@ from suzak.runs.plots import plot_run
 from suzak.runs.record import recipe_as_run, save_recipe, start_run
 from suzak.runs.redaction import MASK, RedactingFilter, is_secret_name, redact, secret_values
 from suzak.runs.streams import CSVStream, MetricsCSVCallback, add_run_callbacks
+from suzak.scoring.parsing import message_text
 from suzak.training.configs import parse_args
 from suzak.trl_internals.completions import completion_rows
 from test_trainer import image_dataset, length_reward, make_trainer
@@ -87,7 +88,7 @@ def trl_logs(batches: list[int]) -> dict:
 
 def test_completion_rows_take_the_newest_batch_from_trl_logs():
     rows = completion_rows(trl_logs([1, 2]), [f"index:{i}" for i in range(4)], step=7, reward_weights=[1.0, 0.5],
-                           extra_columns={"accuracy/answer"})  # fmt: skip
+                           extra_columns={"accuracy/answer"}, text=message_text)  # fmt: skip
     assert len(rows) == 4 and {r["step"] for r in rows} == {7}
     first = rows[1]
     assert (
@@ -96,7 +97,8 @@ def test_completion_rows_take_the_newest_batch_from_trl_logs():
     assert (first["reward/accuracy"], first["reward/format"], first["reward"]) == (1.0, 1.0, 1.5)
     assert rows[3]["reward/format"] == "" and rows[3]["reward"] == 1.0  # a skipped (None) reward counts as nothing
     assert first["advantage"] == -0.5 and first["accuracy/answer"] == "1"
-    assert "accuracy/answer" not in completion_rows(trl_logs([1]), ["a"] * 4, step=1)[0]  # not written this batch
+    newer = completion_rows(trl_logs([1]), ["a"] * 4, step=1, text=message_text)
+    assert "accuracy/answer" not in newer[0]  # not written this batch
 
 
 def test_training_streams_completions_and_metrics(tiny_model_dir, tmp_path):

@@ -16,6 +16,7 @@ from suzak.runs.logfile import TrainLog
 from suzak.runs.progress import CSVTail, before_after, eta_seconds, read_progress, seconds_per_step
 from suzak.runs.record import finish_run, start_run
 from suzak.runs.streams import CompletionsCSVCallback, MetricsCSVCallback
+from suzak.scoring.parsing import message_text
 from suzak.training.configs import parse_args
 from suzak.trl_internals.completions import completion_rows
 from suzak.watch import render, sparkline
@@ -35,7 +36,9 @@ def _batch(step: int, answers: list[str], golds: list[str]) -> list[dict]:
             "completion": deque([[{"role": "assistant", "content": a}] for a in answers]),
             "rewards": defaultdict(deque, {"word_match": deque(scores)}), "advantages": deque([0.5] * len(answers)),
             "extra": {}}  # fmt: skip
-    return completion_rows(logs, [f"index:{i}" for i in range(len(answers))], step, reward_weights=[1.0])
+    return completion_rows(
+        logs, [f"index:{i}" for i in range(len(answers))], step, reward_weights=[1.0], text=message_text
+    )
 
 
 def make_run(folder: Path, steps: int = 6, max_steps: int = 10, seconds: int = 3) -> Path:

@@ -61,6 +61,7 @@ from suzak.models.vision_reuse import share_vision_encodings
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.scoring.judge import with_original_images
+from suzak.scoring.parsing import message_text
 from suzak.scoring.prompts import template_opening
 from suzak.scoring.rewards import SOURCE_COLUMN, is_judge, read_after_opening
 from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
@@ -189,6 +190,10 @@ class VLMGRPOTrainer(GRPOHooks):
 
     def row_names(self, inputs: list[dict[str, Any]]) -> list[str]:
         return [row_name(row) for row in inputs]
+
+    def plain_text(self, messages: Any) -> str:
+        """The completions log's text: ``<image>`` for an image, each tool call and tool turn on its own line."""
+        return message_text(messages)
 
     def prepare_batch(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         memo: dict = {}  # one resize per distinct image: each prompt is in the batch num_generations times

@@ -171,6 +171,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
     - ``row_names(inputs) -> names``: how messages name each row of a batch (the dataset row it came from);
     - ``prepare_batch(inputs) -> inputs``: the rows TRL then tokenizes, generates from and scores;
     - ``batch_scored(inputs)``: after TRL has scored a training batch (:meth:`newest_completions` reads it);
+    - ``plain_text(messages) -> str``: a prompt or completion as the completions log shows it;
     - colocated vLLM gets each image's placeholder unexpanded (below).
 
     Rewards are screened as TRL scores a batch (:func:`.rewards.screen_rewards`); a failure raises
@@ -349,7 +350,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             logs["dynamic_sampling/skipped_steps"] = self.skipped_empty_steps
         if not self.log_completions:
             return super().log(logs, start_time)
-        with plain_text_logs(self._logs):
+        with plain_text_logs(self._logs, self.plain_text):
             super().log(logs, start_time)
 
     def tool_problem_counts(self, environments: list) -> dict[str, int]:
@@ -375,6 +376,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         own source's rows alone); None: every reward scores every row."""
         return None
 
+    def plain_text(self, messages: Any) -> str:
+        """A prompt or completion as people read it in the completions log and TRL's table (a string as it is): the
+        subclass reads its messages (images, tool calls and tool turns)."""
+        return messages if isinstance(messages, str) else str(messages)
+
     def step_rows(self) -> list[str]:
         return list(dict.fromkeys(self._batch_rows))  # each prompt is in the batch num_generations times
 
@@ -399,7 +405,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
     def newest_completions(self, image_refs: Sequence[str], step: int) -> list[dict]:
         """Rows of the batch just scored (TRL gathers ``_logs`` over ranks, in rank order; so must ``image_refs``)."""
         weights = self.reward_weights.tolist()
-        return completion_rows(self._logs, image_refs, step, weights, self._batch_extra_columns)
+        return completion_rows(self._logs, image_refs, step, weights, self._batch_extra_columns, text=self.plain_text)
 
     def suppress_in_generation(self, ids: Iterable[int]) -> None:
         """Never sample ``ids``: TRL's ``suppress_tokens`` for HF generation, a -100 logit bias for vLLM.
