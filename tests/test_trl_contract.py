@@ -34,6 +34,7 @@ def _params(function) -> list[str]:
         ),
         ("_calculate_rewards", ["self"]),  # bench/bench_grpo_speed.py times scoring here
         ("_prepare_inputs", ["self", "generation_batch"]),  # dynamic sampling: which steps train on a kept group
+        ("_get_train_sampler", ["self", "dataset"]),  # each epoch's order replayed from the seed (epochs)
     ],
 )
 def test_grpo_trainer_hooks(method, leading):
@@ -563,3 +564,23 @@ def test_mask_truncated_completions_is_read_at_call_time_and_zeroes_completion_m
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "if self.mask_truncated_completions:" in source and "self.eos_token_ids" in source
     assert "attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)" in source
+
+
+def test_the_repeat_sampler_draws_one_permutation_an_epoch_from_its_seed():
+    """suzak.trl_internals.epochs replays a resumed run's earlier epochs on TRL's RepeatSampler: it reads its
+    ``shuffle``, ``seed``, ``generator`` and ``num_samples``, and relies on one ``randperm`` of the dataset a pass,
+    from the generator seeded with ``seed``; GRPOTrainer's ``_get_train_sampler`` returns one (GRPOHooks wraps it)."""
+    import inspect
+
+    import torch
+    from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
+
+    sampler = RepeatSampler(range(10), mini_repeat_count=2, batch_size=5, seed=3)
+    assert sampler.shuffle and sampler.seed == 3 and sampler.num_samples == 10
+    assert isinstance(sampler.generator, torch.Generator) and not hasattr(sampler, "set_epoch")
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        order = torch.randperm(10, generator=generator).tolist()
+        assert list(sampler) == [i for i in order for _ in range(2)]
+    assert "RepeatSampler(" in inspect.getsource(GRPOTrainer._get_train_sampler)

@@ -7,6 +7,7 @@ module holds one concern and names the internals it relies on and the tests that
 - :mod:`.hooks`: ``TrainerHooks``, ``GRPOHooks``, ``SFTHooks``, the overrides themselves;
 - :mod:`.rewards`: the reward-call convention, the reward guard, totals over the ranks;
 - :mod:`.rounds`: dynamic sampling, the merge of its rounds, the shuffle by whole groups;
+- :mod:`.epochs`: each epoch's order of the training rows, the same for a resumed run;
 - :mod:`.sampler_guard`: the stale-sampler guard;
 - :mod:`.tools`: TRL's tool loop, its parser and tool turns;
 - :mod:`.prompts`: each distinct prompt of a batch tokenized once;

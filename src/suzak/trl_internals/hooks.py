@@ -6,7 +6,9 @@ module that does the work (:mod:`suzak.trl_internals`'s modules).
   ``_get_grad_norm`` (a nan/inf step stopped or skipped before the optimizer applies it: :mod:`.precision`) and
   ``_load_from_checkpoint``/``_issue_warnings_after_load`` (a resume's weights loaded with the model's key conversion,
   which transformers 5.17's resume leaves out), and ``_load_best_model`` (load_best_model_at_end's load, the same flaw);
-- :class:`GRPOHooks` overrides TRL's private hooks ``_generate_and_score_completions``, ``_generate_single_turn``,
+- :class:`GRPOHooks` overrides TRL's private hooks ``_get_train_sampler`` (each epoch's order replayed from the seed,
+  so a resume draws the uninterrupted run's rows: :mod:`.epochs`), ``_generate_and_score_completions``,
+  ``_generate_single_turn``,
   ``_log_completion_extra``, ``_calculate_rewards`` and ``_generate`` (each calls ``super()`` and hands suzak's part
   to a public method of the subclass; ``_generate``'s completion ids and tool masks count the tokens sampled), reads
   the per-rollout tool ``environments``, overrides ``_get_tool_suffix_ids`` (:mod:`.tools`), masks ``tool_mask``'s
@@ -40,6 +42,7 @@ from suzak import SuzakError
 from suzak.media.video import Clip, video_of
 from suzak.trl_internals.checkpoints import load_converted_weights, save_checkpoint_atomically
 from suzak.trl_internals.completions import completion_rows, plain_text_logs
+from suzak.trl_internals.epochs import epoch_seeded
 from suzak.trl_internals.precision import (
     checked_grad_norm,
     drop_earlier_autocast,
@@ -214,6 +217,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
             self._metrics["train"]["generated_tokens"].append(float(self._generated_tokens))
             return output
         return dynamically_sampled(self, inputs)
+
+    def _get_train_sampler(self, dataset=None):
+        """TRL's sampler, whose order at each epoch is an uninterrupted run's, resumed or not (:mod:`.epochs`)."""
+        return epoch_seeded(super()._get_train_sampler(dataset))
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         with groups_kept_together(self.num_generations) if self.keep_groups_together else nullcontext():
