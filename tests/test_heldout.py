@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import run_ok
 
 ROOT = Path(__file__).resolve().parents[1]
