@@ -236,7 +236,7 @@ def test_sft_targets_are_in_the_models_frame():
         ("[10, 10, 700, 20]", "gold box [10.0, 10.0, 700.0, 20.0]: x2 700 is outside the image (width 640)"),
         ("[50, 10, 20, 20]", "x2 20 is not right of x1 50"),
         ("[50, 10, 60]", "iou cannot read the gold answer '[50, 10, 60]'"),
-        (None, "iou cannot read the gold answer None"),
+        (None, "no gold answer, which iou read(s)"),
     ],
 )  # fmt: skip
 def test_bad_gold_boxes_are_named_before_step_1(tmp_path, solution, reason):
