@@ -105,8 +105,11 @@ def test_jsonl_missing_images_named_and_counted(tmp_path):
 
 @pytest.mark.parametrize(
     "line,message",
-    [("{not json", r"prompts\.jsonl:2: not valid JSON"), ('{"image": "a.png", "solution": "3"}',
-      r"prompts\.jsonl:2: need a question"), ('{"question": "q"}', r"prompts\.jsonl:2: no image")],  # gold: optional
+    [
+        ("{not json", r"prompts\.jsonl:2: not valid JSON"),
+        ('{"image": "a.png", "solution": "3"}', r"prompts\.jsonl:2: need a question"),
+        ('{"question": "q"}', r"prompts\.jsonl:2: no image"),
+    ],  # gold: optional
 )
 def test_jsonl_bad_lines_named(tmp_path, line, message):
     path = _write_r1v_eval(tmp_path, n=1)
