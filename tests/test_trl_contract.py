@@ -536,6 +536,48 @@ def test_the_fused_lm_head_asks_use_triton_whether_to_score_labelled_positions_o
     assert not trl_utils._use_triton(torch.device("cpu"))
 
 
+def test_the_fused_lm_head_takes_shift_labels_for_packed_rows():
+    """suzak.models.packing hands TRL's fused head ``shift_labels`` (each row's next-token labels, -100 at a row's
+    last token) so no packed row predicts the next row's first token, and puts the per-token fields
+    (``FusedCausalLMOutput``'s, one per position with ``shift_labels``) back in the padded layout: the same
+    log-probabilities as ``labels`` give, one column more."""
+    import torch
+    import trl.trainer.utils as trl_utils
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from suzak.models.packing import _PER_TOKEN
+
+    source = inspect.getsource(trl_utils.add_fused_lm_head)
+    assert "fused_lm_head=False, labels=None, shift_labels=None" in source
+    fields = set(trl_utils.FusedCausalLMOutput.__dataclass_fields__)
+    assert set(_PER_TOKEN) <= fields and fields - set(_PER_TOKEN) == {"loss", "aux_loss"}
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids = torch.randint(0, 64, (2, 10))
+    labels = ids.clone()
+    labels[:, :4] = -100
+    shifted = torch.full_like(labels, -100)
+    shifted[:, :-1] = labels[:, 1:]
+    plain = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    given = model(input_ids=ids, shift_labels=shifted, fused_lm_head=True)
+    assert plain.log_probs.shape == (2, 9) and given.log_probs.shape == (2, 10)
+    torch.testing.assert_close(given.log_probs[:, :-1], plain.log_probs, rtol=0, atol=1e-6)
+    assert (given.log_probs[:, -1] == 0).all() and given.label_mask[:, :-1].equal(plain.label_mask)
+
+
+def test_grpo_records_each_optimizer_steps_time_in_step_time():
+    """``perf/tokens_per_s`` divides the tokens the loss passes trained since the last log by the sum of TRL's
+    ``step_time`` entries (one per optimizer step, ``training_step``'s time summed over its micro-batches),
+    read from ``_metrics["train"]`` before TRL's ``log`` averages and clears them."""
+    source = inspect.getsource(GRPOTrainer.training_step)
+    assert "self._current_train_step_time += time_after - time_before" in source
+    assert 'self._metrics["train"]["step_time"].append(self._current_train_step_time)' in source
+    assert "self._metrics[mode].clear()" in inspect.getsource(GRPOTrainer.log)
+
+
 def test_tokenize_prompts_reads_the_rows_environments_and_returns_ids_images_and_fields():
     """What ``GRPOHooks._tokenize_each_prompt_once`` relies on: TRL renders each row with its environment's tools
     (``_batch_environments``, zipped with the prompts) when ``environment_factories`` is set, and returns unpadded

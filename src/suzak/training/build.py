@@ -189,6 +189,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         opening_in_completion=suzak_args.opening_in_completion,
         dynamic_sampling=sampling,
         vision_reuse=suzak_args.vision_reuse,
+        padding_free=suzak_args.padding_free,
         **toolset.trainer_kwargs(),
         **trainer_kwargs,
     )

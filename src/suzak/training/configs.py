@@ -158,6 +158,17 @@ class SuzakArguments(VideoBudgetArguments):
                           "compute dtype; docs/qlora.md says why)."},
     )  # fmt: skip
 
+    # > Parameters that control the training passes
+
+    padding_free: bool = field(
+        default=True,
+        metadata={"help": "Pack the rows of each training pass (old log-probs, reference, loss) into one sequence "
+                          "without padding, each row's positions restarted and its attention confined to itself: no "
+                          "compute on the padding TRL adds to every row of a generation batch. Exact against the padded "
+                          "path; a model it cannot keep exact (Qwen3.5's linear attention) runs padded, said in one "
+                          "line (docs/padding_free.md)."},
+    )  # fmt: skip
+
     # > Parameters that control the rewards
 
     rewards: list[str] = field(

@@ -54,6 +54,7 @@ from suzak.media.vision import (
     pad_left,
     vision_token_ids,
 )
+from suzak.models.packing import PackingCount, packing_refusal, packing_rows, use_row_attention
 from suzak.models.positions import use_qwen_video_positions
 from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
@@ -123,6 +124,9 @@ class VLMGRPOTrainer(GRPOHooks):
         vision_reuse: each distinct image or clip of a forward pass encoded once, its features shared by the rows that
             show it (:mod:`suzak.models.vision_reuse`), and micro-batches cut by whole groups; ``vision/encoded_fraction``
             logs the images encoded over those handed to the policy's tower since the last log.
+        padding_free: each training pass's chunk of rows packed into one sequence without padding
+            (:mod:`suzak.models.packing`); a model it cannot keep exact runs padded, said in one info line.
+            ``perf/real_token_fraction`` logs the real tokens over the positions the passes computed since the last log.
         source_rows: a mixture's training rows per source: ``sources/<name>/rows_seen`` logs the fraction of them
             drawn into a training batch so far (:class:`suzak.data.mixture.RowsSeen`, saved in each checkpoint).
 
@@ -142,6 +146,7 @@ class VLMGRPOTrainer(GRPOHooks):
         opening_in_completion: bool = False,
         dynamic_sampling: DynamicSampling | None = None,
         vision_reuse: bool = True,
+        padding_free: bool = True,
         source_rows: Mapping[str, int] | None = None,
         **kwargs,
     ):
@@ -159,6 +164,8 @@ class VLMGRPOTrainer(GRPOHooks):
             share_vision_encodings(self.ref_model)
         # micro-batches of whole groups: each holds a group's image once (TRL's shuffle would spread its rows)
         self.keep_groups_together = self.vision_reuse is not None
+        self.padding_free = padding_free and self._packable()
+        self.packing_count = PackingCount()
         self.dynamic_sampling = dynamic_sampling
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
         self.video_budget = (video_budget or VideoBudget()).for_model(self.processing_class)
@@ -173,6 +180,21 @@ class VLMGRPOTrainer(GRPOHooks):
         self.suppress_in_generation(vision_token_ids(self.processing_class))
         self.opening_in_completion = opening_in_completion
         self.completion_opening = self._read_after_opening() if opening_in_completion else ""
+
+    def _packable(self) -> bool:
+        """Whether the policy's (and the reference model's) passes can run packed; one info line where not."""
+        refusal = packing_refusal(self.model)
+        if refusal is not None:
+            logger.info("padding_free: %s", refusal)
+            return False
+        for model in (self.model, getattr(self, "ref_model", None)):
+            if model is not None:
+                use_row_attention(model)
+        return True
+
+    def packed_calls(self, model: torch.nn.Module):
+        """TRL's calls of a chunk of rows packed without padding where :attr:`padding_free` (else counted only)."""
+        return packing_rows(model, self.packing_count, enabled=self.padding_free)
 
     def _read_after_opening(self) -> str:
         """The chat template's opening of the assistant turn (:func:`suzak.scoring.prompts.template_opening`); every reward
@@ -277,6 +299,10 @@ class VLMGRPOTrainer(GRPOHooks):
             images, encoded = self.vision_reuse.take()
             if images:
                 logs["vision/encoded_fraction"] = encoded / images
+        if "loss" in logs:
+            real, computed = self.packing_count.take()
+            if computed:
+                logs["perf/real_token_fraction"] = real / computed
         if self.rows_seen is not None and "loss" in logs:  # so far, every rank's rows (batch_metrics gathers them)
             logs.update({f"sources/{name}/rows_seen": value for name, value in self.rows_seen.fractions().items()})
         super().log(logs, *args, **kwargs)

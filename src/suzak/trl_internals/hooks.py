@@ -206,6 +206,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self.skipped_empty_steps = 0  # optimizer steps skipped: dynamic sampling kept no group for them
         self._tool_suffixes: dict[tuple, list[int]] = {}  # each distinct tool turn's tokens (_get_tool_suffix_ids)
         self.keep_groups_together = False  # shuffle a generation batch by whole groups (vision_reuse: shuffle_groups)
+        self._step_tokens = 0  # prompt and completion tokens the loss passes trained since the last log (this rank)
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -319,16 +320,19 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         return tokenize_each_prompt_once(self, super()._tokenize_prompts, prompts)
 
     def _compute_loss(self, model, inputs):
+        if self.model.training:  # EasyR1's throughput counts each trained row's prompt (with its visual tokens)
+            self._step_tokens += int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
         with holding_videos(self, inputs.get(VIDEO_FIELDS)):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         """TRL's model call for each chunk of rows gets the chunk's video tensors added, and no empty image tensors
-        for a chunk of rows without images (:func:`feeding_videos`); TRL itself gives each chunk its rows' images."""
+        for a chunk of rows without images (:func:`feeding_videos`); TRL itself gives each chunk its rows' images.
+        Then :meth:`packed_calls` may pack the chunk's rows (after the video tensors are added)."""
         rows = self._video_rows if self._video_rows is not None else [None] * input_ids.size(0)
         if len(rows) != input_ids.size(0):
             raise SuzakError(f"a batch of {input_ids.size(0)} rows came with {len(rows)} rows of video tensors")
-        with feeding_videos_of(self.processing_class, model, rows):
+        with feeding_videos_of(self.processing_class, model, rows), self.packed_calls(model):
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               *args, **kwargs)  # fmt: skip
 
@@ -355,6 +359,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         rollout's tool images (the zoom's crops) after its prompt's."""
         if self.dynamic_sampling is not None and "loss" in logs:
             logs["dynamic_sampling/skipped_steps"] = self.skipped_empty_steps
+        if "loss" in logs:
+            step_seconds = sum(self._metrics["train"].get("step_time", []))  # TRL's, this rank's, since the last log
+            tokens, self._step_tokens = self._step_tokens, 0
+            if step_seconds > 0 and tokens:
+                logs["perf/tokens_per_s"] = tokens / step_seconds
         if not self.log_completions:
             return super().log(logs, start_time)
         with plain_text_logs(self._logs, self.plain_text):
@@ -382,6 +391,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         """(completions of every rank, rewards): True where a reward scores the row (a mixture's reward scores its
         own source's rows alone); None: every reward scores every row."""
         return None
+
+    def packed_calls(self, model: torch.nn.Module):
+        """A context within which TRL's model calls on a chunk of rows run (a subclass packs them: padding-free
+        passes); here, the calls as TRL makes them."""
+        return nullcontext()
 
     def plain_text(self, messages: Any) -> str:
         """A prompt or completion as people read it in the completions log and TRL's table (a string as it is): the
