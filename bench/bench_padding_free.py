@@ -1,0 +1,247 @@
+"""Padding-free training passes (``padding_free``): the time of GRPO's training passes on a generation batch padded
+as TRL pads it, against the same rows packed (``suzak.models.packing``), on a CPU shape with Qwen2.5-VL-3B's
+vision/language proportions (``bench_vision_reuse.py``'s).
+
+    python bench/bench_padding_free.py                        # both scenarios, 3 runs of each way
+    python bench/bench_padding_free.py --whole_step               # the whole GRPO step of a suzak train run, both ways
+    python bench/bench_padding_free.py --table bench/results_padding_free.jsonl
+
+Scenarios (``--batches`` generation batches of two groups of 8 completions each, micro-batches of 8 rows, as the GPU
+recipes):
+
+- ``geoqa``: one task; every prompt an image of ``--image_tokens`` visual tokens and a question, ~400 tokens in
+  all; completion lengths drawn from R1-V's GeoQA outputs (``bench/geoqa_completion_tokens.json``: 754 answers of
+  Qwen2-VL-7B, mean ~130 tokens, max ~1,220);
+- ``mixture``: one group of screens with 2.5x the visual tokens beside one group of geometry, lengths drawn alike.
+
+The passes timed are what padding changes: the old log-probabilities and the reference (no gradient) and the loss
+pass with its backward, through TRL's fused LM head (``model(..., labels=, fused_lm_head=True)``), as TRL calls
+them: every micro-batch at the width of the whole generation batch (prompts left-padded, completions right-padded).
+Generation, scoring and the optimizer step are left out (padding-free does not touch them; the whole step's share
+of them is the training log's ``step_time`` in a real run). Each row: the median over ``--runs`` of the passes'
+seconds, the real-token fraction of the positions computed, EasyR1's tokens/s (prompt with its visual tokens +
+completion, over the passes' time), and the largest difference of a log-probability from the padded run's.
+
+``--whole_step``: the whole GRPO step (TRL's ``step_time``: generation, scoring, the reference and loss passes; the
+optimizer step is outside it) of ``suzak train`` on ``recipes/mixture_smoke.yaml`` (colour squares of 64 visual
+tokens beside boxes of 128, 16 completions a step) with the same model shape, ``--padding_free`` false and true in
+turn, ``--runs`` runs each; the median over runs of the mean over steps 3 on of ``step_time``, and the run's
+``perf/real_token_fraction`` and ``perf/tokens_per_s``. The random-init model's completions run to
+``max_completion_length`` (it rarely samples its end token), so the padding this run leaves out is the prompts' (the
+two sources' images) and a few early ends: less than the GeoQA lengths give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_vision_reuse import TINY  # noqa: E402  the 3B's vision/language proportions
+from stamp import commit, markdown_table  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results_padding_free.jsonl"
+LENGTHS = ROOT / "bench" / "geoqa_completion_tokens.json"
+FIELDS = ("scenario", "mode", "passes_s", "speedup", "real_token_fraction", "tokens_per_s", "max_logp_diff",
+          "positions", "real_tokens", "runs", "commit", "date")  # fmt: skip
+STEP_FIELDS = ("scenario", "mode", "step_s", "speedup", "real_token_fraction", "tokens_per_s", "steps", "runs",
+               "commit", "date")  # fmt: skip
+
+
+def whole_step(folder: Path, packed: bool, steps: int, tmp: Path) -> dict:
+    """One ``suzak train`` run of the mixture smoke recipe on ``folder``'s model: its mean ``step_time`` over steps
+    3 on, real-token fraction and tokens/s (means over the same steps)."""
+    import csv
+
+    out = tmp / f"step-{packed}"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "-m", "suzak", "train", "--config", "recipes/mixture_smoke.yaml", "--model_name_or_path",
+               str(folder), "--eval_rows", "0", "--eval_steps", "0", "--max_steps", str(steps), "--beta", "0.04",
+               "--max_completion_length", "128", "--padding_free", str(packed).lower(), "--output_dir", str(out)]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    with open(out / "metrics.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("step_time")]
+    timed = rows[2:] or rows
+    return {name: statistics.fmean(float(r[column]) for r in timed)
+            for name, column in (("step_s", "step_time"), ("real_token_fraction", "perf/real_token_fraction"),
+                                 ("tokens_per_s", "perf/tokens_per_s"))}  # fmt: skip
+
+
+def _picture(side: int, seed: int):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), "RGB")
+
+
+def batch(processor, groups: list[tuple[int, int]], lengths: list[int], rng: random.Random, vocab: int) -> dict:
+    """A generation batch as TRL pads it: ``groups`` of (image side in merged patches, prompt words), 8 rows each,
+    completions of lengths drawn from ``lengths``."""
+    texts, images = [], []
+    for number, (side, words) in enumerate(groups):
+        picture = _picture(28 * side, number)
+        question = " ".join(["what is the angle of the figure"] * (words // 7))
+        content = [{"type": "image"}, {"type": "text", "text": question}]
+        text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)  # fmt: skip
+        texts += [text] * 8
+        images += [picture] * 8
+    processor.tokenizer.padding_side = "left"
+    prompt = processor(text=texts, images=images, padding=True, return_tensors="pt")
+    drawn = [rng.choice(lengths) for _ in texts]
+    width = max(drawn)
+    completion = torch.randint(10, vocab - 10, (len(texts), width))
+    mask = (torch.arange(width)[None] < torch.tensor(drawn)[:, None]).long()
+    completion = completion.masked_fill(mask == 0, processor.tokenizer.pad_token_id)
+    return {"input_ids": torch.cat([prompt["input_ids"], completion], 1),
+            "attention_mask": torch.cat([prompt["attention_mask"], mask], 1),
+            "mm_token_type_ids": torch.cat([prompt["mm_token_type_ids"], torch.zeros_like(completion)], 1),
+            "pixel_values": prompt["pixel_values"], "image_grid_thw": prompt["image_grid_thw"],
+            "completion_width": width}  # fmt: skip
+
+
+def micro_batches(full: dict, rows: int):
+    """The batch's micro-batches of ``rows`` rows, each with its own images, at the batch's width (as TRL's)."""
+    per_image = full["image_grid_thw"].prod(-1)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), per_image.cumsum(0)])
+    for first in range(0, full["input_ids"].size(0), rows):
+        last = first + rows
+        yield {"input_ids": full["input_ids"][first:last], "attention_mask": full["attention_mask"][first:last],
+               "mm_token_type_ids": full["mm_token_type_ids"][first:last],
+               "pixel_values": full["pixel_values"][starts[first]:starts[last]],
+               "image_grid_thw": full["image_grid_thw"][first:last]}  # fmt: skip
+
+
+def passes(model, fulls: list[dict], packed: bool, rows: int) -> tuple[float, torch.Tensor, tuple[int, int]]:
+    """Seconds of the old-log-prob, reference and loss (+ backward) passes over the batches; the log-probs; counts."""
+    from suzak.models.packing import PackingCount, packing_rows
+
+    count = PackingCount()
+    logps = []
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    with packing_rows(model, count, enabled=packed):
+        for inputs, keep in ((inputs, b["completion_width"]) for b in fulls for inputs in micro_batches(b, rows)):
+            labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+            labels[:, :-keep] = -100
+            with torch.no_grad():
+                for _ in range(2):  # old log-probs, reference
+                    model(**inputs, labels=labels, fused_lm_head=True)
+            out = model(**inputs, labels=labels, fused_lm_head=True)
+            (out.log_probs[:, -keep:].sum() / labels.ne(-100).sum()).backward()
+            logps.append(out.log_probs[:, -keep:].detach().flatten())
+    return time.perf_counter() - start, torch.cat(logps), count.take()
+
+
+def step_rows(folder: Path, args, tmp: Path) -> list[dict]:
+    """``--whole_step``'s rows: padded and packed runs interleaved, ``--runs`` of each."""
+    runs = {False: [], True: []}
+    for _ in range(args.runs):
+        for packed in (False, True):
+            runs[packed].append(whole_step(folder, packed, args.steps, tmp))
+            print(f"step, padding_free={packed}: {runs[packed][-1]}", flush=True)
+    median = {packed: statistics.median(run["step_s"] for run in runs[packed]) for packed in runs}
+    return [{"scenario": "mixture_smoke step", "mode": "padding_free" if packed else "padded", "step_s": median[packed],
+             "speedup": median[False] / median[packed],
+             "real_token_fraction": statistics.median(run["real_token_fraction"] for run in runs[packed]),
+             "tokens_per_s": statistics.median(run["tokens_per_s"] for run in runs[packed]), "steps": args.steps,
+             "runs": args.runs, "step_seconds": [run["step_s"] for run in runs[packed]], "tiny": TINY,
+             "cpus": os.cpu_count(), "commit": commit(), "date": datetime.date.today().isoformat()}
+            for packed in (False, True)]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--image_tokens", type=int, default=256, help="visual tokens of a geometry image")
+    parser.add_argument("--batches", type=int, default=4, help="generation batches drawn for each scenario")
+    parser.add_argument("--rows", type=int, default=8, help="rows a micro-batch (per_device_train_batch_size)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--whole_step", action="store_true", help="time suzak train's whole step instead")
+    parser.add_argument("--steps", type=int, default=8, help="--whole_step: steps a run (the first 2 not timed)")
+    parser.add_argument("--table", default=None, help="print the table of a results file and stop")
+    args = parser.parse_args()
+    if args.table:
+        rows = [json.loads(line) for line in Path(args.table).read_text().splitlines()]
+        print(markdown_table([row for row in rows if "passes_s" in row], FIELDS))
+        print(markdown_table([row for row in rows if "step_s" in row], STEP_FIELDS))
+        return
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl.trainer.utils import add_fused_lm_head
+
+    from suzak.models.packing import use_row_attention
+
+    lengths = json.loads(LENGTHS.read_text())["tokens"]
+    side = round(args.image_tokens**0.5)
+    screen = round((2.5 * args.image_tokens) ** 0.5)
+    scenarios = {"geoqa": [(side, 63), (side, 63)], "mixture": [(screen, 63), (side, 63)]}  # ~400-token prompts
+    torch.manual_seed(args.seed)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="suzak-bench-pf-") as tmp:
+        folder = Path(tmp) / "tiny"
+        flags = [f"--{key}={value}" for key, value in TINY.items()]
+        subprocess.run([sys.executable, "-m", "suzak", "tiny", "--output", str(folder), *flags], cwd=ROOT, check=True,
+                       capture_output=True)  # fmt: skip
+        processor = AutoProcessor.from_pretrained(folder)
+        if args.whole_step:
+            out = step_rows(folder, args, Path(tmp))
+            with open(args.results, "a") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in out)
+            print(markdown_table(out, STEP_FIELDS))
+            return
+        model = AutoModelForImageTextToText.from_pretrained(folder, attn_implementation="sdpa")
+        add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+        use_row_attention(model)
+        model.train()
+        vocab = model.config.get_text_config().vocab_size
+        for name, groups in scenarios.items():
+            draw = random.Random(args.seed)
+            fulls = [batch(processor, groups, lengths, draw, vocab) for _ in range(args.batches)]
+            passes(model, fulls[:1], True, args.rows)  # warm-up
+            timed = {False: [], True: []}
+            logps, counts = {}, {}
+            for _ in range(args.runs):
+                for packed in (False, True):
+                    seconds, logps[packed], counts[packed] = passes(model, fulls, packed, args.rows)
+                    timed[packed].append(seconds)
+            real = sum(int(full["attention_mask"].sum()) for full in fulls)
+            diff = float((logps[True] - logps[False]).abs().max())
+            for packed in (False, True):
+                median = statistics.median(timed[packed])
+                row = {"scenario": name, "mode": "padding_free" if packed else "padded", "passes_s": median,
+                       "speedup": statistics.median(timed[False]) / median,
+                       "real_token_fraction": counts[packed][0] / counts[packed][1],
+                       "tokens_per_s": real / median, "max_logp_diff": diff if packed else 0.0,
+                       "positions": counts[packed][1] // 3, "real_tokens": real, "runs": args.runs,
+                       "seconds": timed[packed], "batches": args.batches, "rows": 16, "micro_batch_rows": args.rows,
+                       "visual_tokens": [s * s for s, _ in groups], "tiny": TINY, "cpus": os.cpu_count(),
+                       "threads": torch.get_num_threads(), "commit": commit(),
+                       "date": datetime.date.today().isoformat()}  # fmt: skip
+                out.append(row)
+                print(f"{name} {row['mode']}: {median:.2f} s ({row['speedup']:.2f}x), real tokens "
+                      f"{row['real_token_fraction']:.0%} of the positions", flush=True)  # fmt: skip
+    with open(args.results, "a") as handle:
+        for row in out:
+            handle.write(json.dumps(row) + "\n")
+    print(markdown_table(out, FIELDS))
+
+
+if __name__ == "__main__":
+    main()
