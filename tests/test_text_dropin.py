@@ -38,8 +38,9 @@ ZEN = [
     "Namespaces are one honking",
 ]  # fmt: skip
 TRAIN, TEST = ZEN[:12], ZEN[12:]
-SUZAK_ONLY = ("/nonfinite_frac", "generated_tokens")  # metrics suzak logs beside TRL's (rewards/<name>/nonfinite_frac,
-# the tokens each step sampled)
+SUZAK_ONLY = ("/nonfinite_frac", "generated_tokens", "perf/real_token_fraction", "perf/tokens_per_s")  # metrics suzak
+# logs beside TRL's (rewards/<name>/nonfinite_frac, the tokens each step sampled, the training passes' real-token
+# fraction and EasyR1's tokens/s)
 TIMING = ("runtime", "_per_second", "step_time")  # wall clock: train_runtime, eval_data1_samples_per_second, ...
 # TRL's tests use a high learning rate (tiny gradients); max_steps keeps each run to a few steps, on the CPU (the
 # config would otherwise ask for bf16, which a CPU-only machine refuses).
@@ -91,15 +92,24 @@ class Run:
 
 
 def run_both(model, reward_funcs, train_dataset, tmp_path, *, action=None, peft_config=None, eval_dataset=None,
-             **config) -> Run:  # fmt: skip
+             padding_free: bool = False, **config) -> Run:  # fmt: skip
     """Build TRL's ``GRPOTrainer`` and suzak's ``VLMGRPOTrainer`` on the same model (a folder, or a model object,
     deep-copied for each), data and config; ``action(trainer)`` each (default: ``train()``); assert both logged the
-    same metrics (TRL's keys, same values but wall-clock ones) and hold the same weights; return suzak's run."""
+    same metrics (TRL's keys, same values but wall-clock ones) and hold the same weights; return suzak's run.
+
+    suzak's trainer runs its passes padded, as TRL's (``padding_free`` False): the comparison is of the hooks, to
+    float round-off. Packed passes give the same numbers to round-off but not bit for bit (another summation order;
+    rotary angles, computed in float32, at each row's positions from 0 where TRL's padded pass counts a left-padded
+    row's from its padding), GRPO's gradient is a difference of near-equal terms (float32 ``grad_norm`` moves ~1e-4
+    relative, as far as the padded path's own is from the float64 one), and Adam's first steps at TRL's test learning
+    rate (0.1) magnify such differences into the weights: ``test_padding_free_trains_as_trl_does_in_float64``."""
     runs = {}
     for cls in (GRPOTrainer, VLMGRPOTrainer):
         args = GRPOConfig(output_dir=str(tmp_path / cls.__name__), **(DEFAULTS | config))
+        extra = {"padding_free": padding_free} if cls is VLMGRPOTrainer else {}
         trainer = cls(model=model if isinstance(model, str) else copy.deepcopy(model), reward_funcs=reward_funcs,
-                      args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, peft_config=peft_config)  # fmt: skip
+                      args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, peft_config=peft_config,
+                      **extra)  # fmt: skip
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         result = action(trainer) if action else trainer.train() and None
         runs[cls] = Run(trainer, before, result)
@@ -163,6 +173,20 @@ def test_train_loss_types(text_model, reward_model, tmp_path, loss_type):
     run = run_both(text_model(), reward_model, zen(), tmp_path, loss_type=loss_type, gradient_accumulation_steps=2,
                    max_completion_length=32, max_steps=2,
                    importance_sampling_level="sequence" if loss_type == "luspo" else "token")  # fmt: skip
+    assert_trained(run)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_padding_free_trains_as_trl_does_in_float64(text_model, reward_model, tmp_path, loss_type):
+    """suzak's default, packed passes, against TRL's padded ones, over 2 accumulated micro-batches of prompts of
+    different lengths: the same metrics and weights (to 1e-5) in float64 at a learning rate of 1e-3, where round-off
+    does not reach them (see :func:`run_both`)."""
+    run = run_both(text_model(), reward_model, zen(), tmp_path, loss_type=loss_type, gradient_accumulation_steps=2,
+                   max_completion_length=32, max_steps=2, padding_free=True, learning_rate=1e-3,
+                   model_init_kwargs={"dtype": torch.float64})  # fmt: skip
+    assert run.trainer.padding_free
+    fractions = [log["perf/real_token_fraction"] for log in run.trainer.state.log_history if "loss" in log]
+    assert fractions == [1.0, 1.0]
     assert_trained(run)
 
 

@@ -28,6 +28,8 @@ from suzak.scoring.prompts import DEFAULT_TEMPLATE
 
 __all__ = [
     "SuzakArguments",
+    "SuzakGRPOArguments",
+    "TrainingPassArguments",
     "check_eval_cadence",
     "check_whole_groups",
     "closest",
@@ -156,17 +158,6 @@ class SuzakArguments(VideoBudgetArguments):
         default=False,
         metadata={"help": "With load_in_4bit/load_in_8bit: quantize the vision encoder too (default: it stays in the "
                           "compute dtype; docs/qlora.md says why)."},
-    )  # fmt: skip
-
-    # > Parameters that control the training passes
-
-    padding_free: bool = field(
-        default=True,
-        metadata={"help": "Pack the rows of each training pass (old log-probs, reference, loss) into one sequence "
-                          "without padding, each row's positions restarted and its attention confined to itself: no "
-                          "compute on the padding TRL adds to every row of a generation batch. Exact against the padded "
-                          "path; a model it cannot keep exact (Qwen3.5's linear attention) runs padded, said in one "
-                          "line (docs/padding_free.md)."},
     )  # fmt: skip
 
     # > Parameters that control the rewards
@@ -379,6 +370,26 @@ class SuzakArguments(VideoBudgetArguments):
                 raise SuzakError(f"stop_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)")
 
 
+@dataclass(kw_only=True)
+class TrainingPassArguments:
+    """> Parameters that control the training passes (GRPO's old log-probs, reference and loss passes; ``suzak
+    train`` only: SFT's ``padding_free`` is TRL's own ``SFTConfig`` field): ``padding_free``"""
+
+    padding_free: bool = field(
+        default=True,
+        metadata={"help": "Pack the rows of each training pass (old log-probs, reference, loss) into one sequence "
+                          "without padding, each row's positions restarted and its attention confined to itself: no "
+                          "compute on the padding TRL adds to every row of a generation batch. Exact against the padded "
+                          "path; a model it cannot keep exact (Qwen3.5's linear attention) runs padded, said in one "
+                          "line (docs/padding_free.md)."},
+    )  # fmt: skip
+
+
+@dataclass
+class SuzakGRPOArguments(TrainingPassArguments, SuzakArguments):
+    """:class:`SuzakArguments` and, for GRPO, :class:`TrainingPassArguments` (listed last in ``suzak train --help``)."""
+
+
 def _env_overrides() -> list[str]:
     """CLI flags for MODEL / DATASET / OUTPUT_DIR from the environment (.env); placed before the user's flags."""
     mapping = {"MODEL": "--model_name_or_path", "DATASET": "--dataset_name", "OUTPUT_DIR": "--output_dir"}
@@ -540,7 +551,7 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-def _parse(config_class, argv: list[str] | None):
+def _parse(config_class, argv: list[str] | None, arguments: type = SuzakArguments):
     argv = list(sys.argv[1:] if argv is None else argv)
     recipe_file, flags = _split_config(argv)
     recipe, lines = _load_recipe(recipe_file) if recipe_file else ({}, {})  # before TRL's slow import
@@ -550,7 +561,7 @@ def _parse(config_class, argv: list[str] | None):
     class RecipeParser(_OneLineErrors, TrlParser):
         pass
 
-    types = (SuzakArguments, config_class, ModelConfig)
+    types = (arguments, config_class, ModelConfig)
     names = {f.name for t in types for f in fields(t) if f.init}
     _check_recipe_keys(recipe_file, recipe, lines, names)
     parser = RecipeParser(types, allow_abbrev=False)
@@ -786,10 +797,10 @@ def _recipe_reward_kwargs(suzak_args: SuzakArguments, recipe: dict, flags: list[
 
 
 def parse_args(argv: list[str] | None = None):
-    """(SuzakArguments, GRPOConfig, ModelConfig) from YAML + environment + CLI, in increasing priority."""
+    """(SuzakGRPOArguments, GRPOConfig, ModelConfig) from YAML + environment + CLI, in increasing priority."""
     from trl import GRPOConfig
 
-    return _parse(GRPOConfig, argv)
+    return _parse(GRPOConfig, argv, SuzakGRPOArguments)
 
 
 # suzak's settings only GRPO reads (rollouts): SFT refuses them rather than train as if they were not there
