@@ -192,7 +192,8 @@ def zoom_rollouts(model_dir, tmp_path, env: dict, vllm: bool = False) -> dict:
 def check_zoom_rollouts(record: dict) -> None:
     """The calls were parsed and answered with crops of the original image (224 pixels a side, not the 56-pixel
     view), the crops joined the next turn and the training forward, the tool turns carried no loss, the failed calls
-    were counted by reason, every step's loss is finite, and W&B's completions table shows each turn and crop."""
+    were counted by reason, every step's loss is finite, the packed training passes gave the padded passes' numbers, and
+    W&B's completions table shows each turn and crop."""
     assert record["seen"] and {tuple(size) for size in record["seen"]} == {(224, 224)}
     logs = [entry for entry in record["logs"] if "loss" in entry]
     assert len(logs) == 2 and all(math.isfinite(entry["loss"]) for entry in logs)
@@ -203,6 +204,9 @@ def check_zoom_rollouts(record: dict) -> None:
     crops = [box for rollout in record["crops"] for box in rollout]  # completions.csv's zoom_crops, every rollout
     assert len(record["crops"]) == 8 and crops and all(0 <= a < c <= 224 and 0 <= b < d <= 224 for a, b, c, d in crops)
     assert all(batch["post_tool_tokens"] > 0 for batch in answered)  # the model went on after seeing the crop
+    # padding_free (the default): the passes packed, crops and tool turns in the completions, as exact as padded
+    assert all(entry["perf/real_token_fraction"] == 1.0 for entry in logs)
+    assert record["packed_gaps"] and max(record["packed_gaps"]) <= 1e-5, record["packed_gaps"]
     # the W&B table (offline run, log_completions): every turn as text, the prompt's image and then each crop
     rows = [dict(zip(table["columns"], row, strict=True)) for table in record["tables"] for row in table["data"]]
     assert rows and any("[zoom] <image>" in row["completion"] for row in rows)

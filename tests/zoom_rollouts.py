@@ -1,8 +1,9 @@
 """Multi-turn GRPO with the zoom on a tiny model taught the call by a short SFT (conftest.zoom_prior_model):
 ``python tests/zoom_rollouts.py PRIOR_MODEL_DIR OUTPUT.json [--vllm]``. Writes what tests/test_tools.py and tests/test_vllm_tier.py check: each step's log,
 the original image sizes the zoom got, and per scored batch whether any tool turn was trained around (``tool_mask``
-zeros inside the completion), how many images the forward took against how many rows, and the stale-sampler guard's
-gaps (with vLLM)."""
+zeros inside the completion), how many images the forward took against how many rows, the stale-sampler guard's
+gaps (with vLLM), and how far each packed training pass (``padding_free``, the crops inside the completions) is from
+the same pass run padded."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from trl import GRPOConfig
 
 from suzak.media.vision import PixelBudget, configure_processor
+from suzak.models.packing import PackingCount
 from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ORIGINAL_IMAGE_COLUMN, ZoomEnvironment, resolve_tools
 from suzak.scoring.rewards import word_match
@@ -64,13 +66,29 @@ def main(model_dir: str, output: str, vllm: bool) -> None:
                         "post_tool_tokens": _post_tool_tokens(batch)})  # fmt: skip
         return batch
 
+    passes = trainer._get_per_token_logps_and_entropies
+    packed_gaps = []
+
+    def padded_too(model, *args, **kwargs):
+        """Each training pass as it ran (packed), then again padded (no gradient, not counted): the largest gap."""
+        logps = passes(model, *args, **kwargs)
+        counted, trainer.packing_count, trainer.padding_free = trainer.packing_count, PackingCount(), False
+        try:
+            with torch.no_grad():
+                padded = passes(model, *args, **kwargs)
+        finally:
+            trainer.packing_count, trainer.padding_free = counted, True
+        packed_gaps.append(float((logps[0].detach() - padded[0]).abs().max()))
+        return logps
+
+    trainer._get_per_token_logps_and_entropies = padded_too
     crops = []
     trainer.completion_listeners.append(lambda rows: crops.extend(json.loads(row["zoom_crops"]) for row in rows))
     trainer._generate_and_score_completions = spy_score
     ZoomEnvironment.reset = spy_reset
     trainer.train()
     record = {"logs": trainer.state.log_history, "seen": seen, "batches": batches,
-              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps], "crops": crops,
+              "gaps": [list(gap) for gap in trainer.sampler_guard.gaps], "crops": crops, "packed_gaps": packed_gaps,
               "tables": [json.loads(path.read_text()) for path in sorted((out / "wandb_dir").rglob("completions_*.table.json"))]}  # fmt: skip
     Path(output).write_text(json.dumps(record), encoding="utf-8")
 
