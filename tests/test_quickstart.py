@@ -33,7 +33,7 @@ def test_smoke_run_writes_train_log_without_secrets(tmp_path, run_env):
     log = (out / "train.log").read_text()
     assert "reward pre-flight passed" in result.stderr and "reward pre-flight passed" in log
     # one readable line per logged step, on the console and in train.log (the metrics dict: log_metrics_dict)
-    step_2 = r"step 2/2 \| reward \d\.\d{3} ± \d\.\d{3} \| len \d+ \| clip \d\.\d{3} \| loss \S+ \| \d+\.\d s/step"
+    step_2 = r"step 2/2 \| reward \d\.\d{3} ± \d\.\d{3} \| len \d+ \| clip \d\.\d{3} \| loss \S+ \| tok/s [\d,]+ \| \d+\.\d s/step"
     assert re.search(r"INFO suzak\.train_log: " + step_2 + "$", log, re.M), log
     assert re.search("^" + step_2 + "$", result.stdout, re.M) and "{'loss'" not in result.stdout + log, result.stdout
     assert re.search(r"INFO suzak\.train_log: done: 2 steps in \d+s \(\d+\.\d s/step\)$", log, re.M)

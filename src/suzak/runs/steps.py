@@ -37,13 +37,13 @@ def duration(seconds: float) -> str:
 # (log key, label, format) of the step line, in its order; a key the step did not log is left out.
 STEP_FIELDS = (("eval/accuracy", "eval", "{:.3f}"), ("completions/mean_length", "len", "{:.0f}"),
                ("kl", "kl", "{:.4f}"), ("clip_ratio/region_mean", "clip", "{:.3f}"), ("loss", "loss", "{:.4g}"),
-               ("mean_token_accuracy", "token acc", "{:.3f}"))  # fmt: skip
+               ("mean_token_accuracy", "token acc", "{:.3f}"), ("perf/tokens_per_s", "tok/s", "{:,.0f}"))  # fmt: skip
 
 
 def step_line(logs: dict, step: int, max_steps: int | None, per_step: float | None) -> str:
     """One readable line for a logged training step (what the console and ``train.log`` show; every value is in
     ``metrics.csv``): step/total, reward mean ± std, the held-out accuracy when measured, completion length, KL and
-    clipping when present, loss, seconds per step and the time left. The Trainer's summary at the end of training
+    clipping when present, loss, tokens/s (EasyR1's metric, this rank's), seconds per step and the time left. The Trainer's summary at the end of training
     (``train_runtime``) becomes a ``done`` line.
 
     >>> logs = {"reward": 0.53, "reward_std": 0.21, "completions/mean_length": 45.2, "kl": 0.0031, "loss": 0.01}
