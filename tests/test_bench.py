@@ -140,6 +140,24 @@ def test_dynamic_sampling_bench_runs_both_settings(tmp_path, run_env):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_padding_free_bench_times_both_ways_and_prints_its_recorded_rows(tmp_path, run_env):
+    """bench/bench_padding_free.py: each scenario padded and packed (every position a real token, the log-probs the
+    padded ones), and its two tables of the committed rows (docs/benchmarks.md#padding-free-training-passes-...)."""
+    results = tmp_path / "padding_free.jsonl"
+    _run("bench_padding_free.py", "--runs", "1", "--batches", "1", "--image_tokens", "16", "--results", str(results),
+         env=run_env)  # fmt: skip
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["scenario"], r["mode"]) for r in rows] == [(s, m) for s in ("geoqa", "mixture")
+                                                          for m in ("padded", "padding_free")]  # fmt: skip
+    for padded, packed in zip(rows[::2], rows[1::2], strict=True):
+        assert padded["real_token_fraction"] < 1.0 == packed["real_token_fraction"]
+        assert packed["positions"] == packed["real_tokens"] < padded["positions"] and packed["max_logp_diff"] <= 1e-5
+    recorded = ROOT / "bench" / "results_padding_free.jsonl"
+    table = _run("bench_padding_free.py", "--table", str(recorded), env=run_env).stdout
+    assert len(table.splitlines()) == 4 + len(recorded.read_text().splitlines()) and "| padding_free |" in table
+
+
 def test_vision_reuse_bench_runs_both_settings_and_prints_its_recorded_rows(tmp_path, run_env):
     """bench/bench_vision_reuse.py: a row with and without vision_reuse (the shared run encoding one image in 8),
     and its table of the committed rows (docs/benchmarks.md#vision-reuse)."""
