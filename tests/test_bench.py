@@ -140,7 +140,6 @@ def test_dynamic_sampling_bench_runs_both_settings(tmp_path, run_env):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_padding_free_bench_times_both_ways_and_prints_its_recorded_rows(tmp_path, run_env):
     """bench/bench_padding_free.py: each scenario padded and packed (every position a real token, the log-probs the
     padded ones), and its two tables of the committed rows (docs/benchmarks.md#padding-free-training-passes-...)."""
@@ -158,6 +157,7 @@ def test_padding_free_bench_times_both_ways_and_prints_its_recorded_rows(tmp_pat
     assert len(table.splitlines()) == 4 + len(recorded.read_text().splitlines()) and "| padding_free |" in table
 
 
+@pytest.mark.slow
 def test_vision_reuse_bench_runs_both_settings_and_prints_its_recorded_rows(tmp_path, run_env):
     """bench/bench_vision_reuse.py: a row with and without vision_reuse (the shared run encoding one image in 8),
     and its table of the committed rows (docs/benchmarks.md#vision-reuse)."""
