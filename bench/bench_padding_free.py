@@ -51,7 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_vision_reuse import TINY  # noqa: E402  the 3B's vision/language proportions
-from stamp import commit, markdown_table  # noqa: E402
+from stamp import append_rows, commit, markdown_table  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results_padding_free.jsonl"
 LENGTHS = ROOT / "bench" / "geoqa_completion_tokens.json"
@@ -202,8 +202,7 @@ def main() -> None:
         processor = AutoProcessor.from_pretrained(folder)
         if args.whole_step:
             out = step_rows(folder, args, Path(tmp))
-            with open(args.results, "a") as handle:
-                handle.writelines(json.dumps(row) + "\n" for row in out)
+            append_rows(args.results, out)
             print(markdown_table(out, STEP_FIELDS))
             return
         model = AutoModelForImageTextToText.from_pretrained(folder, attn_implementation="sdpa")
@@ -237,9 +236,7 @@ def main() -> None:
                 out.append(row)
                 print(f"{name} {row['mode']}: {median:.2f} s ({row['speedup']:.2f}x), real tokens "
                       f"{row['real_token_fraction']:.0%} of the positions", flush=True)  # fmt: skip
-    with open(args.results, "a") as handle:
-        for row in out:
-            handle.write(json.dumps(row) + "\n")
+    append_rows(args.results, out)
     print(markdown_table(out, FIELDS))
 
 

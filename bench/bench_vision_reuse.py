@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from shapes import SHAPES, VISION  # bench/shapes.py (the script's folder is on sys.path)
-from stamp import commit, markdown_table
+from stamp import append_rows, commit, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_vision_reuse.jsonl"
@@ -119,9 +119,7 @@ def main() -> None:
         rows = [run(folder, reuse, args, Path(tmp)) for reuse in (False, True)]
     rows[1]["speedup"] = rows[0]["step_seconds"] / rows[1]["step_seconds"]
     rows[0]["speedup"] = 1.0
-    with open(args.results, "a") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
+    append_rows(args.results, rows)
     print(markdown_table(rows, FIELDS))
 
 

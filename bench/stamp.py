@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,6 +18,12 @@ def commit() -> str:
                               check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "?"
+
+
+def append_rows(path, rows: list[dict]) -> None:
+    """Append ``rows`` to the JSONL results file ``path``, one JSON line each."""
+    with open(path, "a") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def markdown_table(rows: list[dict], fields: tuple[str, ...], digits: int = 3) -> str:
