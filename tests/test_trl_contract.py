@@ -626,3 +626,63 @@ def test_the_repeat_sampler_draws_one_permutation_an_epoch_from_its_seed():
         order = torch.randperm(10, generator=generator).tolist()
         assert list(sampler) == [i for i in order for _ in range(2)]
     assert "RepeatSampler(" in inspect.getsource(GRPOTrainer._get_train_sampler)
+
+
+def test_split_tensor_dict_cuts_the_shuffled_generation_batch():
+    """``max_tokens_per_micro_batch`` deals a generation batch into micro-batches by tokens
+    (:func:`suzak.trl_internals.micro_batches.splitting_by_tokens`) by swapping the ``split_tensor_dict`` that
+    ``_prepare_inputs`` calls from ``trl.trainer.grpo_trainer``'s globals, after the shuffle, on pixel values split per
+    row (``split_pixel_values_by_grid``), the micro-batches joined again (``unsplit_pixel_values_by_grid``)."""
+    import torch
+    from trl.trainer import grpo_trainer
+    from trl.trainer.utils import split_tensor_dict
+
+    from suzak.trl_internals.micro_batches import NOMINAL_ROWS, splitting_by_tokens
+
+    assert grpo_trainer.split_tensor_dict is split_tensor_dict
+    prepare = inspect.unwrap(GRPOTrainer._prepare_inputs)
+    names = prepare.__code__.co_names
+    assert {"split_pixel_values_by_grid", "split_tensor_dict"} <= set(names)  # (unsplit: in a comprehension)
+    assert prepare.__globals__ is vars(grpo_trainer)
+    source = inspect.getsource(prepare)
+    order = [source.index(name) for name in ("shuffle_sequence_dict(", "split_tensor_dict(", "unsplit_pixel")]
+    assert order == sorted(order)
+    batch = {"prompt_mask": torch.ones(4, 2, dtype=torch.long),
+             "completion_mask": torch.tensor([[1] * 6, [1] * 6, [1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]])}  # fmt: skip
+    with splitting_by_tokens(1):
+        parts = grpo_trainer.split_tensor_dict(batch, 2)
+    assert [part["completion_mask"].sum().item() for part in parts] == [7, 7]
+    assert all(float(part[NOMINAL_ROWS]) == 2.0 for part in parts)
+    assert grpo_trainer.split_tensor_dict is split_tensor_dict
+
+
+def test_training_step_divides_the_loss_by_the_accumulation_steps():
+    """:func:`suzak.trl_internals.micro_batches.backward_now` back-propagates a pass as ``Trainer.training_step``
+    back-propagates ``compute_loss``'s value: TRL's trainers take no loss kwargs, so the Trainer divides by
+    ``current_gradient_accumulation_steps``, and tells DeepSpeed not to divide again (``scale_wrt_gas``). The
+    update's equality is tested in tests/test_token_budget.py."""
+    from transformers import Trainer
+    from trl.trainer import base_trainer
+
+    source = inspect.getsource(Trainer.training_step)
+    assert "loss = loss / self.current_gradient_accumulation_steps" in source
+    assert "not self.model_accepts_loss_kwargs" in source and 'kwargs["scale_wrt_gas"] = False' in source
+    assert "self.accelerator.backward(loss, **kwargs)" in source
+    assert "self.model_accepts_loss_kwargs = False" in inspect.getsource(base_trainer)
+
+
+def test_accelerate_gradient_state_sets_sync():
+    """A pass back-propagated inside ``_compute_loss`` runs with accelerate's ``sync_gradients`` off (its private
+    setter), which DeepSpeed's engine wrapper reads as "not a boundary, no step"."""
+    import inspect as inspect_
+
+    from accelerate.state import GradientState
+    from accelerate.utils.deepspeed import DeepSpeedEngineWrapper
+
+    state = GradientState()
+    synced = state.sync_gradients
+    state._set_sync_gradients(False)
+    assert state.sync_gradients is False
+    state._set_sync_gradients(synced)
+    source = inspect_.getsource(DeepSpeedEngineWrapper.backward)
+    assert "set_gradient_accumulation_boundary(is_boundary=sync_gradients)" in source and "if sync_gradients" in source

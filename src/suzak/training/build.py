@@ -190,6 +190,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         dynamic_sampling=sampling,
         vision_reuse=suzak_args.vision_reuse,
         padding_free=suzak_args.padding_free,
+        max_tokens_per_micro_batch=suzak_args.max_tokens_per_micro_batch,
         **toolset.trainer_kwargs(),
         **trainer_kwargs,
     )

@@ -258,8 +258,8 @@ def precheck(
 
     Prompt length = text tokens of the chat-templated prompt (one placeholder per image or video) + visual tokens (a
     video's: its clip read to ``video_budget``, as training reads it). Returns ``{"rows", "visual_tokens": {min,
-    mean, max}, "video_tokens": {...}, "prompt_tokens": {...}, "too_long", "not_one_image"}`` (rows with no image or
-    several: what a zoom cannot crop). A video prompt that cannot fit the
+    mean, max}, "video_tokens": {...}, "prompt_tokens": {...}, "too_long", "not_one_image", "longest_row"}``
+    (``not_one_image``: rows with no image or several, what a zoom cannot crop; ``longest_row``: the longest prompt's). A video prompt that cannot fit the
     model's context with ``max_completion_length`` stops the run (one line naming the row): lower the video budget.
     """
     budget = budget.for_model(processing_class)  # the visual tokens of this model's patch grid
@@ -295,6 +295,7 @@ def precheck(
         "prompt_tokens": _summary(prompt_lengths),
         "too_long": too_long,
         "not_one_image": not_one_image,
+        "longest_row": max(range(n), key=prompt_lengths.__getitem__) if n else None,  # the longest prompt's row
     }
     logger.info(
         "pre-check over %d rows: visual tokens/prompt min %d mean %.1f max %d; prompt tokens min %d mean %.1f max %d",

@@ -373,7 +373,8 @@ class SuzakArguments(VideoBudgetArguments):
 @dataclass(kw_only=True)
 class TrainingPassArguments:
     """> Parameters that control the training passes (GRPO's old log-probs, reference and loss passes; ``suzak
-    train`` only: SFT's ``padding_free`` is TRL's own ``SFTConfig`` field): ``padding_free``"""
+    train`` only: SFT's ``padding_free`` is TRL's own ``SFTConfig`` field): ``padding_free``,
+    ``max_tokens_per_micro_batch``"""
 
     padding_free: bool = field(
         default=True,
@@ -383,6 +384,24 @@ class TrainingPassArguments:
                           "path; a model it cannot keep exact (Qwen3.5's linear attention) runs padded, said in one "
                           "line (docs/padding_free.md)."},
     )  # fmt: skip
+    max_tokens_per_micro_batch: int | None = field(
+        default=None,
+        metadata={"help": "Cut micro-batches by tokens (EasyR1's dynamic batching): each rank's generation batch is "
+                          "dealt into its micro-batches by real tokens (prompt with visual tokens + completion), whole "
+                          "groups together where vision_reuse keeps them, and each micro-batch (and the old-log-prob "
+                          "and reference passes) runs in passes of at most this many tokens, the same update as TRL's "
+                          "rows for every loss_type (bnpo's normalizer is per micro-batch, as in TRL). The "
+                          "memory plan counts a pass's tokens; the pre-check stops on a row longer than this. "
+                          "None: TRL's fixed rows (docs/padding_free.md)."},
+    )  # fmt: skip
+
+    def __post_init__(self):
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise SuzakError(f"max_tokens_per_micro_batch {self.max_tokens_per_micro_batch} must be >= 1 (real "
+                             "tokens a pass), or unset")  # fmt: skip
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
 
 
 @dataclass

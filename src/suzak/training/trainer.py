@@ -68,6 +68,7 @@ from suzak.scoring.rewards import SOURCE_COLUMN, is_judge, read_after_opening
 from suzak.training.checks import check_answer_opening, check_vllm_bounds, precheck, preflight
 from suzak.training.configs import check_whole_groups
 from suzak.trl_internals.hooks import GRPOHooks
+from suzak.trl_internals.micro_batches import budget_refusal
 from suzak.trl_internals.precision import NonFiniteStep
 from suzak.trl_internals.rewards import RewardFault
 from suzak.trl_internals.rounds import DynamicSampling
@@ -127,6 +128,10 @@ class VLMGRPOTrainer(GRPOHooks):
         padding_free: each training pass's chunk of rows packed into one sequence without padding
             (:mod:`suzak.models.packing`); a model it cannot keep exact runs padded, said in one info line.
             ``perf/real_token_fraction`` logs the real tokens over the positions the passes computed since the last log.
+        max_tokens_per_micro_batch: micro-batches cut by tokens instead of rows (:mod:`suzak.trl_internals.micro_batches`):
+            a generation batch's micro-batches balanced by real tokens, each computed in passes of at most this many
+            tokens, as are the old-log-prob and reference passes; None: TRL's rows. A loss it cannot keep exact
+            (an entropy bonus, ``top_entropy_quantile``) stops before step 1; so does a row the pre-check finds longer.
         source_rows: a mixture's training rows per source: ``sources/<name>/rows_seen`` logs the fraction of them
             drawn into a training batch so far (:class:`suzak.data.mixture.RowsSeen`, saved in each checkpoint).
 
@@ -147,6 +152,7 @@ class VLMGRPOTrainer(GRPOHooks):
         dynamic_sampling: DynamicSampling | None = None,
         vision_reuse: bool = True,
         padding_free: bool = True,
+        max_tokens_per_micro_batch: int | None = None,
         source_rows: Mapping[str, int] | None = None,
         **kwargs,
     ):
@@ -166,6 +172,7 @@ class VLMGRPOTrainer(GRPOHooks):
         self.keep_groups_together = self.vision_reuse is not None
         self.padding_free = padding_free and self._packable()
         self.packing_count = PackingCount()
+        self.max_tokens_per_micro_batch = self._token_budget(max_tokens_per_micro_batch)
         self.dynamic_sampling = dynamic_sampling
         self.pixel_budget = (pixel_budget or PixelBudget()).for_model(self.processing_class)
         self.video_budget = (video_budget or VideoBudget()).for_model(self.processing_class)
@@ -191,6 +198,17 @@ class VLMGRPOTrainer(GRPOHooks):
             if model is not None:
                 use_row_attention(model)
         return True
+
+    def _token_budget(self, budget: int | None) -> int | None:
+        if budget is None:
+            return None
+        if budget < 1:
+            raise SuzakError(f"max_tokens_per_micro_batch {budget} must be >= 1 (real tokens a pass)")
+        refusal = budget_refusal(self)
+        if refusal is not None:
+            raise SuzakError(f"max_tokens_per_micro_batch: {refusal}; leave the budget unset for this run")
+        logger.info("max_tokens_per_micro_batch: micro-batches balanced by tokens, passes of at most %d tokens", budget)
+        return budget
 
     def packed_calls(self, model: torch.nn.Module):
         """TRL's calls of a chunk of rows packed without padding where :attr:`padding_free` (else counted only)."""
@@ -356,6 +374,18 @@ class VLMGRPOTrainer(GRPOHooks):
         logger.info("dynamic sampling: groups with a reward std of at most %g are dropped and refilled, up to %d extra "
                     "generation round(s) a batch", sampling.min_std, sampling.max_rounds)  # fmt: skip
 
+    def check_token_budget(self) -> None:
+        """With ``max_tokens_per_micro_batch``: the longest prompt the pre-check read, with ``max_completion_length``,
+        fits in one pass (a longer row would be a pass of its own, over the memory the budget was set for)."""
+        budget, report = self.max_tokens_per_micro_batch, self.precheck_report
+        if budget is None or report is None or report.get("longest_row") is None:
+            return
+        longest = report["prompt_tokens"]["max"] + self.args.max_completion_length
+        if longest > budget:
+            raise SuzakError(f"row {report['longest_row']}: its prompt of {report['prompt_tokens']['max']} tokens "
+                             f"with max_completion_length {self.args.max_completion_length} is {longest} tokens, over "
+                             f"max_tokens_per_micro_batch {budget}: raise the budget (or lower max_pixels)")  # fmt: skip
+
     def count_rows_without_one_image(self) -> None:
         """With the zoom: the rows the visual-token pre-check read that have no single image to zoom into, in one
         warning (a dataset without images, where the pre-check does not run: every row)."""
@@ -470,4 +500,5 @@ class VLMGRPOTrainer(GRPOHooks):
                 num_rows=self.precheck_rows,
                 video_budget=self.video_budget,
             )
+        self.check_token_budget()
         self.count_rows_without_one_image()

@@ -43,6 +43,7 @@ from suzak.media.video import Clip, video_of
 from suzak.trl_internals.checkpoints import load_converted_weights, save_checkpoint_atomically
 from suzak.trl_internals.completions import completion_rows, plain_text_logs
 from suzak.trl_internals.epochs import epoch_seeded
+from suzak.trl_internals.micro_batches import loss_in_passes, per_token_logps_by_tokens, splitting_by_tokens
 from suzak.trl_internals.precision import (
     checked_grad_norm,
     drop_earlier_autocast,
@@ -207,6 +208,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         self._tool_suffixes: dict[tuple, list[int]] = {}  # each distinct tool turn's tokens (_get_tool_suffix_ids)
         self.keep_groups_together = False  # shuffle a generation batch by whole groups (vision_reuse: shuffle_groups)
         self._step_tokens = 0  # prompt and completion tokens the loss passes trained since the last log (this rank)
+        self.max_tokens_per_micro_batch: int | None = None  # micro-batches cut by tokens (:mod:`.micro_batches`)
 
     # --- hooks ---------------------------------------------------------------------------------------------------
 
@@ -224,7 +226,10 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         return epoch_seeded(super()._get_train_sampler(dataset))
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
-        with groups_kept_together(self.num_generations) if self.keep_groups_together else nullcontext():
+        group = self.num_generations if self.keep_groups_together else 1
+        budget = self.max_tokens_per_micro_batch
+        with (groups_kept_together(group) if self.keep_groups_together else nullcontext(),
+              splitting_by_tokens(group) if budget else nullcontext()):  # fmt: skip
             inputs = super()._prepare_inputs(generation_batch)  # a slice of the last generation batch, in training
         if self.model.training:
             self._step_trains |= self._generation_trains
@@ -320,18 +325,41 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         return tokenize_each_prompt_once(self, super()._tokenize_prompts, prompts)
 
     def _compute_loss(self, model, inputs):
-        if self.model.training:  # EasyR1's throughput counts each trained row's prompt (with its visual tokens)
-            self._step_tokens += int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
+        """TRL's loss; with ``max_tokens_per_micro_batch`` in training, in passes of at most that many tokens
+        (:func:`.micro_batches.loss_in_passes`)."""
+        if not self.model.training:
+            return self._loss_of_rows(model, inputs)
+        # EasyR1's throughput counts each trained row's prompt (with its visual tokens)
+        self._step_tokens += int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
+        if not self.max_tokens_per_micro_batch:
+            return self._loss_of_rows(model, inputs)
+        group = self.num_generations if self.keep_groups_together else 1
+        return loss_in_passes(self, self._loss_of_rows, model, inputs, self.max_tokens_per_micro_batch, group)
+
+    def _loss_of_rows(self, model, inputs):
         with holding_videos(self, inputs.get(VIDEO_FIELDS)):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         """TRL's model call for each chunk of rows gets the chunk's video tensors added, and no empty image tensors
         for a chunk of rows without images (:func:`feeding_videos`); TRL itself gives each chunk its rows' images.
-        Then :meth:`packed_calls` may pack the chunk's rows (after the video tensors are added)."""
+        Then :meth:`packed_calls` may pack the chunk's rows (after the video tensors are added). With
+        ``max_tokens_per_micro_batch``, a call with a chunk size (old log-probs, reference) goes over the rows in
+        runs of at most that many tokens instead (:func:`.micro_batches.per_token_logps_by_tokens`)."""
         rows = self._video_rows if self._video_rows is not None else [None] * input_ids.size(0)
         if len(rows) != input_ids.size(0):
             raise SuzakError(f"a batch of {input_ids.size(0)} rows came with {len(rows)} rows of video tensors")
+        if self.max_tokens_per_micro_batch and not args and kwargs.get("batch_size"):
+            flags = {k: kwargs.pop(k) for k in ("batch_size", "compute_entropy", "compute_aux_loss") if k in kwargs}
+
+            def run(ids, mask, fields, videos):
+                with holding_videos(self, videos):
+                    return self._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep,
+                                                                   **{**flags, **fields, "batch_size": None})  # fmt: skip
+
+            videos = self._video_rows
+            return per_token_logps_by_tokens(self, run, input_ids, attention_mask, self.max_tokens_per_micro_batch,
+                                             kwargs, videos)  # fmt: skip
         with feeding_videos_of(self.processing_class, model, rows), self.packed_calls(model):
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               *args, **kwargs)  # fmt: skip
