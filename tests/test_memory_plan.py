@@ -180,3 +180,20 @@ def test_gpu_memory_gib_caps_torch_and_the_plan_and_its_mistakes_are_one_line(mo
     _resolve_auto_deepspeed(Namespace(**recipe), [])
     capped_line, card_line = re.findall(r"predicted peak (\d+) GiB of (\d+) GiB", caplog.text)
     assert capped_line[1] == "80" and card_line[1] == "140" and capped_line[0] == card_line[0]
+
+
+def test_a_token_budget_caps_the_activations_the_plan_counts(shapes):
+    """``max_tokens_per_micro_batch``: a pass holds at most the budget's tokens (one row at least), so the plan
+    counts those (as completion tokens too, an upper bound): 3B with 64 completions a pass without gradient
+    checkpointing needs optimizer offload on an H200, 2,048 tokens a pass keep the optimizer on the GPU."""
+    from dataclasses import replace
+
+    from suzak.models.memory import activation_gib, pass_tokens
+
+    full = Workload(64, 177, 256, 0.04, 0.3, gradient_checkpointing=False)
+    cut = replace(full, tokens_per_pass=2048)
+    assert pass_tokens(cut) == (2048, 2048) and pass_tokens(replace(full, tokens_per_pass=10)) == (433, 433)
+    assert activation_gib(shapes["3b"], cut) < activation_gib(shapes["3b"], full) / 4
+    h200 = GPU_GIB["NVIDIA H200"]
+    assert choose(shapes["3b"], full, h200, host_ram_gib=125).deepspeed == "zero2_offload"
+    assert choose(shapes["3b"], cut, h200, host_ram_gib=125).deepspeed == "zero2"

@@ -13,7 +13,9 @@ A full fine-tuning GRPO step holds, per GPU (bytes, P the model's parameters, N 
   so its share and the training pass's activations are never held at once: the peak is the larger of the two;
 - activations: with gradient checkpointing one bf16 hidden state per layer per token, plus the completion tokens'
   logits (bf16, and the fp32 working copies of the log-softmax: 2.74 bytes per vocabulary entry, fitted), plus 1.2
-  GiB. Without checkpointing every layer keeps ~(6h + 4i) bf16 values per token (an estimate, not measured).
+  GiB. Without checkpointing every layer keeps ~(6h + 4i) bf16 values per token (an estimate, not measured). The
+  tokens are a micro-batch's rows at full length, or with ``max_tokens_per_micro_batch`` the budget (one row at least:
+  :func:`pass_tokens`; the budget's rows are real tokens, so the bound holds whatever the completions' lengths).
 
 The constants were fitted on, and the predictions checked against, every measured row of
 ``bench/results_grpo_speed.jsonl`` and ``bench/results_grpo_memory.jsonl`` (``tests/test_memory_plan.py``: each
@@ -117,16 +119,35 @@ class Workload:
     gpus: int = 1
     optimizer_state_bytes: float = 8.0  # per trained parameter: :func:`optimizer_state_bytes` of the recipe's optim
     vllm_sleeps: bool = False  # vllm_enable_sleep_mode: vLLM's share is released while the policy trains
+    tokens_per_pass: int | None = None  # max_tokens_per_micro_batch: a pass holds at most this many (or one row)
+
+
+def pass_tokens(work: Workload) -> tuple[int, int]:
+    """The tokens one training pass holds at most, and of them the completion tokens (whose logits it keeps): a
+    micro-batch's rows at full length, or with ``max_tokens_per_micro_batch`` that many (one row at least).
+
+    >>> pass_tokens(Workload(completions=8, prompt_tokens=300, completion_tokens=100))
+    (3200, 800)
+    >>> pass_tokens(Workload(completions=8, prompt_tokens=300, completion_tokens=100, tokens_per_pass=1000))
+    (1000, 800)
+    """
+    row = work.prompt_tokens + work.completion_tokens
+    tokens = work.completions * row
+    completion = work.completions * work.completion_tokens
+    if work.tokens_per_pass is None:
+        return tokens, completion
+    cap = max(work.tokens_per_pass, row)
+    return min(tokens, cap), min(completion, cap)
 
 
 def activation_gib(shape: ModelShape, work: Workload) -> float:
-    tokens = work.completions * (work.prompt_tokens + work.completion_tokens)
+    tokens, completion = pass_tokens(work)
     per_token = (
         2 * shape.hidden_size
         if work.gradient_checkpointing
         else 2 * (6 * shape.hidden_size + 4 * shape.intermediate_size)
     )
-    logits = work.completions * work.completion_tokens * shape.vocab_size * LOGIT_BYTES
+    logits = completion * shape.vocab_size * LOGIT_BYTES
     return FIXED_ACTIVATION_GIB + (tokens * per_token * shape.num_layers + logits) / GIB
 
 
@@ -284,6 +305,7 @@ def plan_for(namespace, config) -> Plan:
         gpus=gpus,
         optimizer_state_bytes=optimizer_state_bytes(getattr(namespace, "optim", None)),
         vllm_sleeps=colocated and bool(getattr(namespace, "vllm_enable_sleep_mode", False)),
+        tokens_per_pass=getattr(namespace, "max_tokens_per_micro_batch", None),
     )
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(gpus)))
     return choose(ModelShape.of(config), work, gpu_gib, psutil.virtual_memory().total / GIB, per_node)
