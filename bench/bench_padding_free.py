@@ -2,7 +2,7 @@
 as TRL pads it, against the same rows packed (``suzak.models.packing``), on a CPU shape with Qwen2.5-VL-3B's
 vision/language proportions (``bench_vision_reuse.py``'s).
 
-    python bench/bench_padding_free.py                        # both scenarios, 3 runs of each way
+    python bench/bench_padding_free.py                        # both scenarios, 3 runs of each way (and budgets)
     python bench/bench_padding_free.py --whole_step               # the whole GRPO step of a suzak train run, both ways
     python bench/bench_padding_free.py --table bench/results_padding_free.jsonl
 
@@ -13,6 +13,10 @@ recipes):
   all; completion lengths drawn from R1-V's GeoQA outputs (``bench/geoqa_completion_tokens.json``: 754 answers of
   Qwen2-VL-7B, mean ~130 tokens, max ~1,220);
 - ``mixture``: one group of screens with 2.5x the visual tokens beside one group of geometry, lengths drawn alike.
+
+Each scenario three ways: padded (TRL), packed (``padding_free``), and packed with each ``--budgets`` value as
+``max_tokens_per_micro_batch`` (the no-gradient calls in runs of at most that many tokens, the loss passes dealt by
+tokens and cut to the budget, as the trainer does: :func:`plan`).
 
 The passes timed are what padding changes: the old log-probabilities and the reference (no gradient) and the loss
 pass with its backward, through TRL's fused LM head (``model(..., labels=, fused_lm_head=True)``), as TRL calls
@@ -61,16 +65,19 @@ STEP_FIELDS = ("scenario", "mode", "step_s", "speedup", "real_token_fraction", "
                "commit", "date")  # fmt: skip
 
 
-def whole_step(folder: Path, packed: bool, steps: int, tmp: Path) -> dict:
-    """One ``suzak train`` run of the mixture smoke recipe on ``folder``'s model: its mean ``step_time`` over steps
-    3 on, real-token fraction and tokens/s (means over the same steps)."""
+def whole_step(folder: Path, packed: bool, steps: int, tmp: Path, budget: int | None = None) -> dict:
+    """One ``suzak train`` run of the mixture smoke recipe on ``folder``'s model (with ``budget`` as
+    ``max_tokens_per_micro_batch``): its mean ``step_time`` over steps 3 on, real-token fraction and tokens/s (means
+    over the same steps)."""
     import csv
 
-    out = tmp / f"step-{packed}"
+    out = tmp / f"step-{packed}-{budget}"
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "suzak", "train", "--config", "recipes/mixture_smoke.yaml", "--model_name_or_path",
                str(folder), "--eval_rows", "0", "--eval_steps", "0", "--max_steps", str(steps), "--beta", "0.04",
                "--max_completion_length", "128", "--padding_free", str(packed).lower(), "--output_dir", str(out)]  # fmt: skip
+    if budget is not None:
+        command += ["--max_tokens_per_micro_batch", str(budget)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
@@ -116,54 +123,98 @@ def batch(processor, groups: list[tuple[int, int]], lengths: list[int], rng: ran
             "completion_width": width}  # fmt: skip
 
 
-def micro_batches(full: dict, rows: int):
-    """The batch's micro-batches of ``rows`` rows, each with its own images, at the batch's width (as TRL's)."""
+def rows_of(full: dict, index: list[int]) -> dict:
+    """The rows ``index`` of a batch (one image a row), each with its image, at the batch's width (as TRL's)."""
     per_image = full["image_grid_thw"].prod(-1)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), per_image.cumsum(0)])
-    for first in range(0, full["input_ids"].size(0), rows):
-        last = first + rows
-        yield {"input_ids": full["input_ids"][first:last], "attention_mask": full["attention_mask"][first:last],
-               "mm_token_type_ids": full["mm_token_type_ids"][first:last],
-               "pixel_values": full["pixel_values"][starts[first]:starts[last]],
-               "image_grid_thw": full["image_grid_thw"][first:last]}  # fmt: skip
+    pixels = torch.cat([full["pixel_values"][starts[i] : starts[i + 1]] for i in index])
+    chosen = torch.tensor(index)
+    return {"input_ids": full["input_ids"][chosen], "attention_mask": full["attention_mask"][chosen],
+            "mm_token_type_ids": full["mm_token_type_ids"][chosen], "pixel_values": pixels,
+            "image_grid_thw": full["image_grid_thw"][chosen]}  # fmt: skip
 
 
-def passes(model, fulls: list[dict], packed: bool, rows: int) -> tuple[float, torch.Tensor, tuple[int, int]]:
-    """Seconds of the old-log-prob, reference and loss (+ backward) passes over the batches; the log-probs; counts."""
+def plan(full: dict, rows: int, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
+    """The rows of each no-gradient call (old log-probs and reference) and of each loss pass over a generation batch:
+    TRL's micro-batches of ``rows`` rows for both; with a ``budget`` (``max_tokens_per_micro_batch``), as suzak's
+    trainer cuts them (:mod:`suzak.trl_internals.micro_batches`): no-gradient calls in runs of at most the budget's
+    tokens, the batch dealt into its micro-batches by tokens (whole groups of 8), each in the fewest passes of at most
+    the budget (by rows where a group is over it)."""
+    from suzak.trl_internals.micro_batches import balanced_parts, contiguous_runs, fewest_parts, grouped
+
+    count = full["input_ids"].size(0)
+    if budget is None:
+        chunks = [list(range(first, min(first + rows, count))) for first in range(0, count, rows)]
+        return chunks, chunks
+    tokens = full["attention_mask"].sum(1).tolist()
+    groups = grouped(tokens, 8)
+    loss = []
+    for step in balanced_parts([sum(tokens[r] for r in g) for g in groups], count // rows):
+        step_rows = [r for g in step for r in groups[g]]
+        units = [groups[g] for g in step]
+        if any(sum(tokens[r] for r in unit) > budget for unit in units):
+            units = [[r] for r in step_rows]
+        weights = [sum(tokens[r] for r in unit) for unit in units]
+        for part in balanced_parts(weights, fewest_parts(weights, budget)):
+            loss.append([r for u in part for r in units[u]])
+    return contiguous_runs(tokens, budget), loss
+
+
+def passes(model, fulls: list[dict], packed: bool, rows: int, budget: int | None = None
+           ) -> tuple[float, torch.Tensor, tuple[int, int]]:  # fmt: skip
+    """Seconds of the old-log-prob, reference and loss (+ backward) passes over the batches (:func:`plan`); the
+    log-probs in row order; counts."""
     from suzak.models.packing import PackingCount, packing_rows
 
     count = PackingCount()
     logps = []
     model.zero_grad(set_to_none=True)
+
+    def labelled(inputs, keep):
+        labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+        labels[:, :-keep] = -100
+        return labels
+
     start = time.perf_counter()
     with packing_rows(model, count, enabled=packed):
-        for inputs, keep in ((inputs, b["completion_width"]) for b in fulls for inputs in micro_batches(b, rows)):
-            labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
-            labels[:, :-keep] = -100
+        for full in fulls:
+            keep = full["completion_width"]
+            free, loss = plan(full, rows, budget)
             with torch.no_grad():
                 for _ in range(2):  # old log-probs, reference
-                    model(**inputs, labels=labels, fused_lm_head=True)
-            out = model(**inputs, labels=labels, fused_lm_head=True)
-            (out.log_probs[:, -keep:].sum() / labels.ne(-100).sum()).backward()
-            logps.append(out.log_probs[:, -keep:].detach().flatten())
+                    for index in free:
+                        inputs = rows_of(full, index)
+                        model(**inputs, labels=labelled(inputs, keep), fused_lm_head=True)
+            by_row = {}
+            for index in loss:
+                inputs = rows_of(full, index)
+                labels = labelled(inputs, keep)
+                out = model(**inputs, labels=labels, fused_lm_head=True)
+                (out.log_probs[:, -keep:].sum() / labels.ne(-100).sum()).backward()
+                by_row.update(zip(index, out.log_probs[:, -keep:].detach(), strict=True))
+            logps.append(torch.stack([by_row[r] for r in sorted(by_row)]).flatten())
     return time.perf_counter() - start, torch.cat(logps), count.take()
 
 
 def step_rows(folder: Path, args, tmp: Path) -> list[dict]:
-    """``--whole_step``'s rows: padded and packed runs interleaved, ``--runs`` of each."""
-    runs = {False: [], True: []}
+    """``--whole_step``'s rows: padded, packed and packed with each of ``--step_budgets`` runs interleaved, ``--runs``
+    of each."""
+    modes = {"padded": (False, None), "padding_free": (True, None),
+             **{f"padding_free + {b} tokens": (True, b) for b in args.step_budgets}}  # fmt: skip
+    runs = {mode: [] for mode in modes}
     for _ in range(args.runs):
-        for packed in (False, True):
-            runs[packed].append(whole_step(folder, packed, args.steps, tmp))
-            print(f"step, padding_free={packed}: {runs[packed][-1]}", flush=True)
-    median = {packed: statistics.median(run["step_s"] for run in runs[packed]) for packed in runs}
-    return [{"scenario": "mixture_smoke step", "mode": "padding_free" if packed else "padded", "step_s": median[packed],
-             "speedup": median[False] / median[packed],
-             "real_token_fraction": statistics.median(run["real_token_fraction"] for run in runs[packed]),
-             "tokens_per_s": statistics.median(run["tokens_per_s"] for run in runs[packed]), "steps": args.steps,
-             "runs": args.runs, "step_seconds": [run["step_s"] for run in runs[packed]], "tiny": TINY,
-             "cpus": os.cpu_count(), "commit": commit(), "date": datetime.date.today().isoformat()}
-            for packed in (False, True)]  # fmt: skip
+        for mode, (packed, budget) in modes.items():
+            runs[mode].append(whole_step(folder, packed, args.steps, tmp, budget))
+            print(f"step, {mode}: {runs[mode][-1]}", flush=True)
+    median = {mode: statistics.median(run["step_s"] for run in runs[mode]) for mode in runs}
+    return [{"scenario": "mixture_smoke step", "mode": mode, "step_s": median[mode],
+             "speedup": median["padded"] / median[mode],
+             "real_token_fraction": statistics.median(run["real_token_fraction"] for run in runs[mode]),
+             "tokens_per_s": statistics.median(run["tokens_per_s"] for run in runs[mode]), "steps": args.steps,
+             "runs": args.runs, "step_seconds": [run["step_s"] for run in runs[mode]],
+             "max_tokens_per_micro_batch": modes[mode][1], "tiny": TINY, "cpus": os.cpu_count(), "commit": commit(),
+             "date": datetime.date.today().isoformat()}
+            for mode in modes]  # fmt: skip
 
 
 def main() -> None:
@@ -172,10 +223,14 @@ def main() -> None:
     parser.add_argument("--image_tokens", type=int, default=256, help="visual tokens of a geometry image")
     parser.add_argument("--batches", type=int, default=4, help="generation batches drawn for each scenario")
     parser.add_argument("--rows", type=int, default=8, help="rows a micro-batch (per_device_train_batch_size)")
+    parser.add_argument("--budgets", type=int, nargs="*", default=[2048, 8192],
+                        help="max_tokens_per_micro_batch values timed beside (padding-free passes cut by tokens)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--whole_step", action="store_true", help="time suzak train's whole step instead")
     parser.add_argument("--steps", type=int, default=8, help="--whole_step: steps a run (the first 2 not timed)")
+    parser.add_argument("--step_budgets", type=int, nargs="*", default=[2048],
+                        help="--whole_step: max_tokens_per_micro_batch values run beside (16 rows of ~270 tokens)")  # fmt: skip
     parser.add_argument("--table", default=None, help="print the table of a results file and stop")
     args = parser.parse_args()
     if args.table:
@@ -214,24 +269,26 @@ def main() -> None:
             draw = random.Random(args.seed)
             fulls = [batch(processor, groups, lengths, draw, vocab) for _ in range(args.batches)]
             passes(model, fulls[:1], True, args.rows)  # warm-up
-            timed = {False: [], True: []}
+            modes = {"padded": (False, None), "padding_free": (True, None),
+                     **{f"padding_free + {b} tokens": (True, b) for b in args.budgets}}  # fmt: skip
+            timed = {mode: [] for mode in modes}
             logps, counts = {}, {}
             for _ in range(args.runs):
-                for packed in (False, True):
-                    seconds, logps[packed], counts[packed] = passes(model, fulls, packed, args.rows)
-                    timed[packed].append(seconds)
+                for mode, (packed, budget) in modes.items():
+                    seconds, logps[mode], counts[mode] = passes(model, fulls, packed, args.rows, budget)
+                    timed[mode].append(seconds)
             real = sum(int(full["attention_mask"].sum()) for full in fulls)
-            diff = float((logps[True] - logps[False]).abs().max())
-            for packed in (False, True):
-                median = statistics.median(timed[packed])
-                row = {"scenario": name, "mode": "padding_free" if packed else "padded", "passes_s": median,
-                       "speedup": statistics.median(timed[False]) / median,
-                       "real_token_fraction": counts[packed][0] / counts[packed][1],
-                       "tokens_per_s": real / median, "max_logp_diff": diff if packed else 0.0,
-                       "positions": counts[packed][1] // 3, "real_tokens": real, "runs": args.runs,
-                       "seconds": timed[packed], "batches": args.batches, "rows": 16, "micro_batch_rows": args.rows,
-                       "visual_tokens": [s * s for s, _ in groups], "tiny": TINY, "cpus": os.cpu_count(),
-                       "threads": torch.get_num_threads(), "commit": commit(),
+            for mode, (_, budget) in modes.items():
+                median = statistics.median(timed[mode])
+                diff = float((logps[mode] - logps["padded"]).abs().max())
+                row = {"scenario": name, "mode": mode, "passes_s": median,
+                       "speedup": statistics.median(timed["padded"]) / median,
+                       "real_token_fraction": counts[mode][0] / counts[mode][1],
+                       "tokens_per_s": real / median, "max_logp_diff": diff,
+                       "positions": counts[mode][1] // 3, "real_tokens": real, "runs": args.runs,
+                       "seconds": timed[mode], "batches": args.batches, "rows": 16, "micro_batch_rows": args.rows,
+                       "max_tokens_per_micro_batch": budget, "visual_tokens": [s * s for s, _ in groups],
+                       "tiny": TINY, "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "commit": commit(),
                        "date": datetime.date.today().isoformat()}  # fmt: skip
                 out.append(row)
                 print(f"{name} {row['mode']}: {median:.2f} s ({row['speedup']:.2f}x), real tokens "

@@ -141,17 +141,19 @@ def test_dynamic_sampling_bench_runs_both_settings(tmp_path, run_env):
 
 @pytest.mark.slow
 def test_padding_free_bench_times_both_ways_and_prints_its_recorded_rows(tmp_path, run_env):
-    """bench/bench_padding_free.py: each scenario padded and packed (every position a real token, the log-probs the
-    padded ones), and its two tables of the committed rows (docs/benchmarks.md#padding-free-training-passes-...)."""
+    """bench/bench_padding_free.py: each scenario padded, packed and packed in passes cut by tokens (every position a
+    real token, the log-probs the padded ones, row by row), and its two tables of the committed rows (docs/benchmarks.md#padding-free-training-passes-...)."""
     results = tmp_path / "padding_free.jsonl"
-    _run("bench_padding_free.py", "--runs", "1", "--batches", "1", "--image_tokens", "16", "--results", str(results),
-         env=run_env)  # fmt: skip
+    _run("bench_padding_free.py", "--runs", "1", "--batches", "1", "--image_tokens", "16", "--budgets", "600",
+         "--results", str(results), env=run_env)  # fmt: skip
     rows = [json.loads(line) for line in results.read_text().splitlines()]
-    assert [(r["scenario"], r["mode"]) for r in rows] == [(s, m) for s in ("geoqa", "mixture")
-                                                          for m in ("padded", "padding_free")]  # fmt: skip
-    for padded, packed in zip(rows[::2], rows[1::2], strict=True):
-        assert padded["real_token_fraction"] < 1.0 == packed["real_token_fraction"]
+    modes = ("padded", "padding_free", "padding_free + 600 tokens")
+    assert [(r["scenario"], r["mode"]) for r in rows] == [(s, m) for s in ("geoqa", "mixture") for m in modes]
+    for padded, packed, cut in zip(rows[::3], rows[1::3], rows[2::3], strict=True):
+        assert padded["real_token_fraction"] < 1.0 == packed["real_token_fraction"] == cut["real_token_fraction"]
         assert packed["positions"] == packed["real_tokens"] < padded["positions"] and packed["max_logp_diff"] <= 1e-5
+        assert cut["positions"] == cut["real_tokens"] and cut["max_logp_diff"] <= 1e-5  # the same log-probs by row
+        assert cut["max_tokens_per_micro_batch"] == 600 and packed["max_tokens_per_micro_batch"] is None
     recorded = ROOT / "bench" / "results_padding_free.jsonl"
     table = _run("bench_padding_free.py", "--table", str(recorded), env=run_env).stdout
     assert len(table.splitlines()) == 4 + len(recorded.read_text().splitlines()) and "| padding_free |" in table
