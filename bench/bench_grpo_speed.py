@@ -8,7 +8,10 @@
 
 Both trainers run from the same recipe (recipes/smoke.yaml on the CPU, the shape's CLEVR recipe on a GPU) with the
 same model, rows, rewards and GRPOConfig, and every completion has exactly ``--completion_tokens`` tokens (HF
-``min_new_tokens``, vLLM ``min_tokens``), so the rows do the same work:
+``min_new_tokens``, vLLM ``min_tokens``), so the rows do the same work; ``--completion_lengths geoqa`` then cuts each
+to a length drawn from R1-V's GeoQA answers (at most ``--completion_tokens``), the long tail of real answers that
+TRL pads and ``padding_free`` does not compute (``--set padding_free=false`` for the padded row; ``--set
+max_tokens_per_micro_batch=N`` for a token budget):
 
 - ``suzak``: ``suzak.training.build.grpo_trainer`` plus the run's CSV streams, the path ``python -m suzak.train`` takes (pixel
   budget fitting, vLLM prompt fix, pre-checks, metrics.csv and completions.csv all included);
@@ -80,6 +83,36 @@ class Spec:
     deepspeed: str | None = None
     overrides: list[str] = field(default_factory=list)  # extra recipe flags, e.g. ["--beta", "0"]
     model_dir: str = "/tmp/suzak-bench"
+    completion_lengths: str | None = None  # "geoqa": each completion cut to a length drawn from R1-V's GeoQA outputs
+
+
+def geoqa_lengths(cap: int, seed: int = 0):
+    """Completion lengths drawn from R1-V's GeoQA outputs (``bench/geoqa_completion_tokens.json``: 754 answers of
+    Qwen2-VL-7B, mean ~130 tokens, max ~1,220), each at most ``cap``: an endless iterator."""
+    import random
+
+    lengths = json.loads((ROOT / "bench" / "geoqa_completion_tokens.json").read_text())["tokens"]
+    draw = random.Random(seed)
+    while True:
+        yield max(1, min(cap, draw.choice(lengths)))
+
+
+def cut_to_lengths(trainer, lengths) -> None:
+    """Each completion TRL's ``_generate_single_turn`` returns cut to the next of ``lengths`` (with its sampler
+    log-probabilities): the rows then have the long-tailed lengths of real answers, which a random-init model never
+    gives by itself (it runs to ``max_completion_length``), so the padding TRL adds and ``padding_free`` leaves out
+    is there to measure. Everything after generation (rewards, the passes, EasyR1's token count) sees the cut rows."""
+    original = trainer._generate_single_turn
+
+    def cut(*args, **kwargs):
+        completion_ids, logprobs = original(*args, **kwargs)
+        sizes = [next(lengths) for _ in completion_ids]
+        completion_ids = [list(ids[:n]) for ids, n in zip(completion_ids, sizes, strict=True)]
+        if logprobs is not None:
+            logprobs = [None if lp is None else list(lp[:n]) for lp, n in zip(logprobs, sizes, strict=True)]
+        return completion_ids, logprobs
+
+    trainer._generate_single_turn = cut
 
 
 # --- one configuration, in its own process ---------------------------------------------------------------------
@@ -260,6 +293,8 @@ def measure(spec: Spec) -> dict:
         add_run_callbacks(trainer)  # metrics.csv and completions.csv, as a suzak run writes them
     else:
         trainer = plain_trl_trainer(suzak_args, grpo_args, model_args, [clock.callback])
+    if spec.completion_lengths == "geoqa":
+        cut_to_lengths(trainer, geoqa_lengths(spec.completion_tokens))  # before the clock wraps it: generation time
     clock.wrap(trainer)
     if spec.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -269,7 +304,9 @@ def measure(spec: Spec) -> dict:
     cumulative = [0] + [log["num_tokens"] for log in trainer.state.log_history if "num_tokens" in log]
     tokens = [b - a for a, b in zip(cumulative, cumulative[1:], strict=False)][spec.warmup :] or [cumulative[-1]]
     step_tokens = statistics.fmean(tokens)  # prompt + completion tokens of a step (TRL's num_tokens, per step)
-    completion_tokens = spec.completions * spec.completion_tokens
+    lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
+    mean_length = statistics.fmean(lengths[spec.warmup :] or lengths) if lengths else spec.completion_tokens
+    completion_tokens = spec.completions * mean_length  # a step's (all spec.completion_tokens unless cut)
     params = sum(p.numel() for p in trainer.model.parameters())
     forwards = extra_forwards(trainer)
     peak, in_use = _peak_memory(spec.device)
@@ -284,6 +321,9 @@ def measure(spec: Spec) -> dict:
         "trainer": spec.trainer, "generation": spec.generation, "shape": spec.shape,
         "device": torch.cuda.get_device_name() if spec.device == "cuda" else "cpu",
         "completions": spec.completions, "completion_tokens": spec.completion_tokens,
+        "completion_lengths": spec.completion_lengths or "fixed", "mean_completion_tokens": round(mean_length, 1),
+        "padding_free": bool(getattr(trainer, "padding_free", False)),
+        "max_tokens_per_micro_batch": getattr(trainer, "max_tokens_per_micro_batch", None),
         "prompt_tokens": round((step_tokens - completion_tokens) / spec.completions, 1),
         "s_per_step": round(s_per_step, 3),
         "cpu_s_per_step": round(statistics.median(s["cpu"] for s in steady), 3),  # process CPU time: host noise-free
@@ -314,6 +354,9 @@ def child(spec_json: str) -> None:
     except Exception as error:  # noqa: BLE001 - a failed configuration is a row of the table, not a crashed bench
         row = {"trainer": spec.trainer, "generation": spec.generation, "shape": spec.shape, "device": spec.device,
                "completions": spec.completions, "completion_tokens": spec.completion_tokens,
+        "completion_lengths": spec.completion_lengths or "fixed", "mean_completion_tokens": round(mean_length, 1),
+        "padding_free": bool(getattr(trainer, "padding_free", False)),
+        "max_tokens_per_micro_batch": getattr(trainer, "max_tokens_per_micro_batch", None),
                "status": f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"}  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         print(ROW_MARK + json.dumps(row), flush=True)
@@ -366,7 +409,7 @@ def matrix(args) -> list[Spec]:
         specs.append(Spec(trainer, generation, int(completions), shape=args.shape, device=args.device,
                           completion_tokens=args.completion_tokens, steps=args.steps, warmup=args.warmup,
                           deepspeed=args.deepspeed, overrides=recipe_flags(args.set), model_dir=args.model_dir,
-                          threads=args.threads))  # fmt: skip
+                          threads=args.threads, completion_lengths=args.completion_lengths))  # fmt: skip
     return specs
 
 
@@ -437,6 +480,9 @@ def main() -> None:
                         help="default: hf, plus vllm where it imports (GPU)")  # fmt: skip
     parser.add_argument("--completions", nargs="+", type=int, default=[8, 64], help="completions per step")
     parser.add_argument("--completion_tokens", type=int, default=None, help="fixed length (default: 32 cpu, 256 gpu)")
+    parser.add_argument("--completion_lengths", choices=["geoqa"], default=None,
+                        help="cut each completion to a length drawn from R1-V's GeoQA outputs (at most "
+                        "--completion_tokens): long-tailed rows, the padding padding_free leaves out")  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 8 cpu, 5 gpu)")
     parser.add_argument("--warmup", type=int, default=None, help="first steps left out (default: 2 cpu, 1 gpu)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: 3 cpu, 1 gpu)")

@@ -42,6 +42,21 @@ def test_grpo_speed_bench_measures_both_trainers_on_cpu(tmp_path, run_env):
 
 
 @pytest.mark.slow
+def test_grpo_speed_bench_cuts_completions_to_geoqa_lengths(tmp_path, run_env):
+    """``--completion_lengths geoqa``: the completions (generated to ``--completion_tokens``) cut to lengths drawn from
+    R1-V's GeoQA answers, so TRL's padding is there to leave out; the rows say how (the GPU row of issue 69)."""
+    results = tmp_path / "speed.jsonl"
+    _run("bench_grpo_speed.py", "--device", "cpu", "--rows", "suzak:hf:8", "--steps", "2", "--warmup", "1",
+         "--repeats", "1", "--completion_tokens", "400", "--completion_lengths", "geoqa", "--set",
+         "max_tokens_per_micro_batch=2000", "--results", str(results), env=run_env)  # fmt: skip
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["status"] == "ok" and row["completion_lengths"] == "geoqa" and row["padding_free"] is True
+    assert 1 <= row["mean_completion_tokens"] < 400 and row["max_tokens_per_micro_batch"] == 2000
+    assert row["completion_tokens_per_s"] == pytest.approx(8 * row["mean_completion_tokens"] / row["s_per_step"],
+                                                           rel=0.01)  # fmt: skip
+
+
+@pytest.mark.slow
 def test_eval_speed_bench_runs_the_hf_engine_on_cpu(tmp_path, run_env):
     results = tmp_path / "eval.jsonl"
     _run("bench_eval_speed.py", "--device", "cpu", "--shape", "tiny", "--rows", "hf:4", "--items", "8",
