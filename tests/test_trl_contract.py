@@ -649,7 +649,7 @@ def test_split_tensor_dict_cuts_the_shuffled_generation_batch():
     assert order == sorted(order)
     batch = {"prompt_mask": torch.ones(4, 2, dtype=torch.long),
              "completion_mask": torch.tensor([[1] * 6, [1] * 6, [1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]])}  # fmt: skip
-    with splitting_by_tokens(1):
+    with splitting_by_tokens(1, window=2):  # one optimizer step of two micro-batches
         parts = grpo_trainer.split_tensor_dict(batch, 2)
     assert [part["completion_mask"].sum().item() for part in parts] == [7, 7]
     assert all(float(part[NOMINAL_ROWS]) == 2.0 for part in parts)
@@ -658,17 +658,19 @@ def test_split_tensor_dict_cuts_the_shuffled_generation_batch():
 
 def test_training_step_divides_the_loss_by_the_accumulation_steps():
     """:func:`suzak.trl_internals.micro_batches.backward_now` back-propagates a pass as ``Trainer.training_step``
-    back-propagates ``compute_loss``'s value: TRL's trainers take no loss kwargs, so the Trainer divides by
-    ``current_gradient_accumulation_steps``, and tells DeepSpeed not to divide again (``scale_wrt_gas``). The
-    update's equality is tested in tests/test_token_budget.py."""
+    back-propagates ``compute_loss``'s value: divided by ``current_gradient_accumulation_steps`` unless the trainer
+    scales it itself (TRL's GRPO: ``loss_is_scaled_for_ga``, which TRL turns into a non-None ``compute_loss_func``
+    before transformers 5.19), and DeepSpeed told not to divide again (``scale_wrt_gas``). The update's equality
+    is tested in tests/test_token_budget.py."""
     from transformers import Trainer
     from trl.trainer import base_trainer
 
     source = inspect.getsource(Trainer.training_step)
     assert "loss = loss / self.current_gradient_accumulation_steps" in source
-    assert "not self.model_accepts_loss_kwargs" in source and 'kwargs["scale_wrt_gas"] = False' in source
+    assert "and self.compute_loss_func is None" in source and 'kwargs["scale_wrt_gas"] = False' in source
     assert "self.accelerator.backward(loss, **kwargs)" in source
-    assert "self.model_accepts_loss_kwargs = False" in inspect.getsource(base_trainer)
+    assert GRPOTrainer.loss_is_scaled_for_ga is True
+    assert 'self.compute_loss_func = "non-None value to disable scaling"' in inspect.getsource(base_trainer)
 
 
 def test_accelerate_gradient_state_sets_sync():

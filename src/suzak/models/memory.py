@@ -15,7 +15,8 @@ A full fine-tuning GRPO step holds, per GPU (bytes, P the model's parameters, N 
   logits (bf16, and the fp32 working copies of the log-softmax: 2.74 bytes per vocabulary entry, fitted), plus 1.2
   GiB. Without checkpointing every layer keeps ~(6h + 4i) bf16 values per token (an estimate, not measured). The
   tokens are a micro-batch's rows at full length, or with ``max_tokens_per_micro_batch`` the budget (one row at least:
-  :func:`pass_tokens`; the budget's rows are real tokens, so the bound holds whatever the completions' lengths).
+  :func:`pass_tokens`; the budget counts what a pass computes, real tokens packed or the batch's width a row padded,
+  so the bound holds whatever the completions' lengths).
 
 The constants were fitted on, and the predictions checked against, every measured row of
 ``bench/results_grpo_speed.jsonl`` and ``bench/results_grpo_memory.jsonl`` (``tests/test_memory_plan.py``: each

@@ -210,6 +210,10 @@ class VLMGRPOTrainer(GRPOHooks):
         logger.info("max_tokens_per_micro_batch: micro-batches balanced by tokens, passes of at most %d tokens", budget)
         return budget
 
+    @property
+    def padded(self) -> bool:
+        return not self.padding_free
+
     def packed_calls(self, model: torch.nn.Module):
         """TRL's calls of a chunk of rows packed without padding where :attr:`padding_free` (else counted only)."""
         return packing_rows(model, self.packing_count, enabled=self.padding_free)

@@ -227,9 +227,9 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         group = self.num_generations if self.keep_groups_together else 1
-        budget = self.max_tokens_per_micro_batch
+        budget, window, padded = self.max_tokens_per_micro_batch, self.args.gradient_accumulation_steps, self.padded
         with (groups_kept_together(group) if self.keep_groups_together else nullcontext(),
-              splitting_by_tokens(group) if budget else nullcontext()):  # fmt: skip
+              splitting_by_tokens(group, window, padded) if budget else nullcontext()):  # fmt: skip
             inputs = super()._prepare_inputs(generation_batch)  # a slice of the last generation batch, in training
         if self.model.training:
             self._step_trains |= self._generation_trains
@@ -334,7 +334,8 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         if not self.max_tokens_per_micro_batch:
             return self._loss_of_rows(model, inputs)
         group = self.num_generations if self.keep_groups_together else 1
-        return loss_in_passes(self, self._loss_of_rows, model, inputs, self.max_tokens_per_micro_batch, group)
+        return loss_in_passes(self, self._loss_of_rows, model, inputs, self.max_tokens_per_micro_batch, group,
+                              self.padded)  # fmt: skip
 
     def _loss_of_rows(self, model, inputs):
         with holding_videos(self, inputs.get(VIDEO_FIELDS)):
@@ -359,7 +360,7 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
 
             videos = self._video_rows
             return per_token_logps_by_tokens(self, run, input_ids, attention_mask, self.max_tokens_per_micro_batch,
-                                             kwargs, videos)  # fmt: skip
+                                             kwargs, videos, self.padded)  # fmt: skip
         with feeding_videos_of(self.processing_class, model, rows), self.packed_calls(model):
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               *args, **kwargs)  # fmt: skip
@@ -424,6 +425,11 @@ class GRPOHooks(TrainerHooks, GRPOTrainer):
         """A context within which TRL's model calls on a chunk of rows run (a subclass packs them: padding-free
         passes); here, the calls as TRL makes them."""
         return nullcontext()
+
+    @property
+    def padded(self) -> bool:
+        """Whether the training passes compute every row at the generation batch's width (a subclass packs them)."""
+        return True
 
     def plain_text(self, messages: Any) -> str:
         """A prompt or completion as people read it in the completions log and TRL's table (a string as it is): the

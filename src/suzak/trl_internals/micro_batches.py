@@ -21,7 +21,8 @@ Each loss type's update is TRL's for the same rows (tests/test_token_budget.py, 
 (share: the pass's over the micro-batch's) - so ``bnpo``'s update depends on which rows share a micro-batch, in TRL as
 here, where the micro-batches are balanced by tokens rather than by rows. An entropy bonus and
 ``top_entropy_quantile`` are computed over a whole micro-batch: not with a budget (:func:`budget_refusal`). A MoE's
-router aux loss is computed per model call, as TRL computes it per chunk.
+router aux loss is computed per pass and weighted by the pass's share (refused with the global losses, whose share
+is 1). Where the passes run padded, a row weighs the batch's width (:func:`row_tokens`).
 
 The arithmetic, on each row's real tokens (:func:`balanced_parts`, :func:`fewest_parts`, :func:`contiguous_runs`):
 
@@ -162,11 +163,19 @@ def budget_refusal(trainer) -> str | None:
         return "the entropy bonus (entropy_coef, use_adaptive_entropy) is a mean over a whole micro-batch's tokens"
     if trainer.top_entropy_quantile < 1.0:
         return "top_entropy_quantile < 1 takes its quantile over a whole micro-batch"
+    if trainer.aux_loss_enabled and trainer.loss_type in GLOBAL_LOSSES:
+        return (f"the router's aux loss (output_router_logits) would count once a pass with loss_type "
+                f"{trainer.loss_type} (each pass's share is 1): set router_aux_loss_coef 0, or a grpo-type loss")  # fmt: skip
     return None
 
 
-def row_tokens(batch: dict[str, Any]) -> list[int]:
-    """Each row's real tokens: its prompt (visual tokens included) and its completion (tool turns included)."""
+def row_tokens(batch: dict[str, Any], padded: bool = False) -> list[int]:
+    """Each row's tokens as a pass computes them: its real tokens (prompt with its visual tokens, completion with its
+    tool turns) when the passes are packed (``padding_free``); the batch's whole width when they run ``padded``
+    (every row of a padded call is computed at the width of the generation batch)."""
+    if padded:
+        width = batch["prompt_mask"].shape[1] + batch["completion_mask"].shape[1]
+        return [int(width)] * batch["prompt_mask"].shape[0]
     return (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).tolist()
 
 
@@ -191,34 +200,40 @@ def select_rows(batch: dict[str, Any], index: list[int]) -> dict[str, Any]:
     return {**dict.fromkeys(batch), **unsplit_pixel_values_by_grid(chosen)}
 
 
-def split_by_tokens(batch: dict[str, Any], chunks: int, group_size: int = 1) -> list[dict[str, Any]]:
+def split_by_tokens(batch: dict[str, Any], chunks: int, group_size: int = 1, window: int = 1,
+                    padded: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """TRL's ``split_tensor_dict(batch, chunks)`` (``batch`` shuffled, pixel values split per row), by tokens: the
-    rows (whole groups of ``group_size`` where the batch is whole groups) dealt into ``chunks`` micro-batches of
-    about the same real tokens (:func:`balanced_parts`), each in the shuffled order, each with :data:`NOMINAL_ROWS`.
-    Fewer units than micro-batches: TRL's split."""
+    rows (whole groups of ``group_size`` where the batch is whole groups; weighed by :func:`row_tokens`) dealt into
+    ``chunks`` micro-batches of about the same tokens (:func:`balanced_parts`), each in the shuffled order, each with
+    :data:`NOMINAL_ROWS`. The micro-batches of one optimizer step (``window``: the accumulation steps) share TRL's
+    rows of that step: the batch is cut into windows of equal rows first (in TRL's order), the rows dealt within each,
+    so every optimizer step averages over as many rows as TRL's. Fewer units than micro-batches: TRL's split."""
     from trl.trainer.utils import split_tensor_dict
 
-    tokens = row_tokens(batch)
+    tokens = row_tokens(batch, padded)
     rows = len(tokens)
     nominal = torch.tensor(float(rows // chunks))
     units = grouped(tokens, group_size)
-    if len(units) < chunks:
+    windows = chunks // window if window > 0 and chunks % window == 0 and len(units) % (chunks // window) == 0 else 1
+    per_window, steps = len(units) // windows, chunks // windows
+    if per_window < steps:
         return [{**part, NOMINAL_ROWS: nominal} for part in split_tensor_dict(batch, chunks)]
-    parts = balanced_parts([sum(tokens[row] for row in unit) for unit in units], chunks)
     out = []
-    for part in parts:
-        index = [row for unit in part for row in units[unit]]
-        out.append({**{key: _selected(value, index) for key, value in batch.items()}, NOMINAL_ROWS: nominal})
+    for first in range(0, len(units), per_window):
+        mine = units[first : first + per_window]
+        for part in balanced_parts([sum(tokens[row] for row in unit) for unit in mine], steps):
+            index = [row for unit in part for row in mine[unit]]
+            out.append({**{key: _selected(value, index) for key, value in batch.items()}, NOMINAL_ROWS: nominal})
     return out
 
 
 @contextmanager
-def splitting_by_tokens(group_size: int):
+def splitting_by_tokens(group_size: int, window: int = 1, padded: bool = False):
     """While TRL prepares a generation batch, its cut into micro-batches is :func:`split_by_tokens`."""
     from trl.trainer import grpo_trainer
 
     trls = grpo_trainer.split_tensor_dict
-    grpo_trainer.split_tensor_dict = lambda batch, chunks: split_by_tokens(batch, chunks, group_size)
+    grpo_trainer.split_tensor_dict = lambda batch, chunks: split_by_tokens(batch, chunks, group_size, window, padded)
     try:
         yield
     finally:
@@ -262,9 +277,11 @@ def _without_sync(trainer, model):
 
 def backward_now(trainer, loss: torch.Tensor) -> None:
     """Back-propagate a pass's ``loss`` as transformers' ``Trainer.training_step`` back-propagates the loss
-    ``compute_loss`` returns (TRL's trainers take no loss kwargs: divided by the accumulation steps; DeepSpeed's
-    engine told not to divide again)."""
-    if not trainer.model_accepts_loss_kwargs and trainer.compute_loss_func is None:
+    ``compute_loss`` returns: divided by the accumulation steps unless the trainer scales it itself (TRL's GRPO does:
+    ``loss_is_scaled_for_ga``, read as a non-None ``compute_loss_func`` before transformers 5.19; GRPO's batches
+    carry no labels, so the Trainer's ``num_items_in_batch`` is None), DeepSpeed's engine told not to divide again."""
+    scaled = trainer.compute_loss_func is not None or bool(getattr(trainer, "loss_is_scaled_for_ga", False))
+    if not scaled:
         loss = loss / trainer.current_gradient_accumulation_steps
     kwargs = {"scale_wrt_gas": False} if trainer.is_deepspeed_enabled else {}
     trainer.accelerator.backward(loss, **kwargs)
@@ -278,13 +295,15 @@ def _passes_over_ranks(trainer, passes: int) -> int:
     return int(trainer.accelerator.gather(count).max().item())
 
 
-def loss_in_passes(trainer, compute, model, inputs: dict[str, Any], budget: int, group_size: int = 1):
+def loss_in_passes(trainer, compute, model, inputs: dict[str, Any], budget: int, group_size: int = 1,
+                   padded: bool = False):  # fmt: skip
     """TRL's loss of a micro-batch (``compute(model, inputs)``: ``_compute_loss``) in the fewest passes of at most
     ``budget`` real tokens, the same number on every rank; every pass but the last back-propagated here, the last's
     loss returned for the Trainer to back-propagate (with the others' values added, detached, for its logged loss).
     Each pass's loss is scaled by :func:`loss_share`. A rank with fewer rows than the passes another rank needs
-    makes the extra passes on its first row at weight 0 (no gradient; the pass's metrics are logged as TRL's)."""
-    tokens = row_tokens(inputs)
+    makes the extra passes on its first row at weight 0 (no gradient; the pass's metrics are logged as TRL's).
+    ``padded``: the passes compute every row at the batch's width, which is what the budget then counts."""
+    tokens = row_tokens(inputs, padded)
     nominal = float(inputs.get(NOMINAL_ROWS, torch.tensor(float(len(tokens)))))
     units = grouped(tokens, group_size)
     if any(sum(tokens[row] for row in unit) > budget for unit in units):
@@ -315,12 +334,12 @@ def loss_in_passes(trainer, compute, model, inputs: dict[str, Any], budget: int,
 
 
 def per_token_logps_by_tokens(trainer, compute, input_ids, attention_mask, budget: int, fields: dict[str, Any],
-                              video_rows: list | None):  # fmt: skip
+                              video_rows: list | None, padded: bool = False):  # fmt: skip
     """TRL's ``_get_per_token_logps_and_entropies`` over the rows in order, in runs of at most ``budget`` real tokens
     (:func:`contiguous_runs`; every rank the same number of runs, a rank with too few rows calling its first row
     again and dropping the output), each run one call of ``compute(input_ids, attention_mask, fields, video_rows)``;
-    the outputs joined in row order."""
-    tokens = attention_mask.sum(1).tolist()
+    the outputs joined in row order. ``padded``: every row weighs the batch's width (what a padded call computes)."""
+    tokens = [attention_mask.shape[1]] * attention_mask.shape[0] if padded else attention_mask.sum(1).tolist()
     runs = contiguous_runs(tokens, budget)
     passes = _passes_over_ranks(trainer, len(runs))
     if passes > len(runs):
