@@ -354,9 +354,7 @@ def child(spec_json: str) -> None:
     except Exception as error:  # noqa: BLE001 - a failed configuration is a row of the table, not a crashed bench
         row = {"trainer": spec.trainer, "generation": spec.generation, "shape": spec.shape, "device": spec.device,
                "completions": spec.completions, "completion_tokens": spec.completion_tokens,
-        "completion_lengths": spec.completion_lengths or "fixed", "mean_completion_tokens": round(mean_length, 1),
-        "padding_free": bool(getattr(trainer, "padding_free", False)),
-        "max_tokens_per_micro_batch": getattr(trainer, "max_tokens_per_micro_batch", None),
+               "completion_lengths": spec.completion_lengths or "fixed",
                "status": f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"}  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         print(ROW_MARK + json.dumps(row), flush=True)
