@@ -140,7 +140,7 @@ def plan(full: dict, rows: int, budget: int | None) -> tuple[list[list[int]], li
     trainer cuts them (:mod:`suzak.trl_internals.micro_batches`): no-gradient calls in runs of at most the budget's
     tokens, the batch dealt into its micro-batches by tokens (whole groups of 8), each in the fewest passes of at most
     the budget (by rows where a group is over it)."""
-    from suzak.trl_internals.micro_batches import balanced_parts, contiguous_runs, fewest_parts, grouped
+    from suzak.trl_internals.micro_batches import balanced_parts, contiguous_runs, grouped, passes_of
 
     count = full["input_ids"].size(0)
     if budget is None:
@@ -151,12 +151,8 @@ def plan(full: dict, rows: int, budget: int | None) -> tuple[list[list[int]], li
     loss = []
     for step in balanced_parts([sum(tokens[r] for r in g) for g in groups], count // rows):
         step_rows = [r for g in step for r in groups[g]]
-        units = [groups[g] for g in step]
-        if any(sum(tokens[r] for r in unit) > budget for unit in units):
-            units = [[r] for r in step_rows]
-        weights = [sum(tokens[r] for r in unit) for unit in units]
-        for part in balanced_parts(weights, fewest_parts(weights, budget)):
-            loss.append([r for u in part for r in units[u]])
+        for part in passes_of([tokens[r] for r in step_rows], budget, group_size=8):
+            loss.append([step_rows[i] for i in part])
     return contiguous_runs(tokens, budget), loss
 
 

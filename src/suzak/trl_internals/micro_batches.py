@@ -49,9 +49,11 @@ from typing import Any
 import torch
 
 from suzak import SuzakError
+from suzak.trl_internals.rounds import rows_at
 
 __all__ = [
     "NOMINAL_ROWS",
+    "passes_of",
     "balanced_parts",
     "contiguous_runs",
     "fewest_parts",
@@ -179,16 +181,6 @@ def row_tokens(batch: dict[str, Any], padded: bool = False) -> list[int]:
     return (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).tolist()
 
 
-def _selected(value: Any, index: list[int]) -> Any:
-    """One field of a batch (TRL's split form: a list or a row-first tensor) at the rows ``index``, as TRL's
-    ``shuffle_sequence_dict`` permutes it (a 0-d tensor and None as they are)."""
-    if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
-        return value
-    if isinstance(value, torch.Tensor):
-        return value[torch.as_tensor(index, dtype=torch.long, device=value.device)]
-    return [value[i] for i in index]
-
-
 def select_rows(batch: dict[str, Any], index: list[int]) -> dict[str, Any]:
     """The rows ``index`` of a micro-batch as the loss pass takes it (pixel values joined): split by TRL's
     ``split_pixel_values_by_grid``, selected, joined again."""
@@ -196,7 +188,7 @@ def select_rows(batch: dict[str, Any], index: list[int]) -> dict[str, Any]:
 
     present = {key: value for key, value in batch.items() if value is not None}
     split = split_pixel_values_by_grid(present)
-    chosen = {key: _selected(value, index) for key, value in split.items()}
+    chosen = {key: rows_at(value, index) for key, value in split.items()}
     return {**dict.fromkeys(batch), **unsplit_pixel_values_by_grid(chosen)}
 
 
@@ -223,7 +215,7 @@ def split_by_tokens(batch: dict[str, Any], chunks: int, group_size: int = 1, win
         mine = units[first : first + per_window]
         for part in balanced_parts([sum(tokens[row] for row in unit) for unit in mine], steps):
             index = [row for unit in part for row in mine[unit]]
-            out.append({**{key: _selected(value, index) for key, value in batch.items()}, NOMINAL_ROWS: nominal})
+            out.append({**{key: rows_at(value, index) for key, value in batch.items()}, NOMINAL_ROWS: nominal})
     return out
 
 
@@ -295,6 +287,25 @@ def _passes_over_ranks(trainer, passes: int) -> int:
     return int(trainer.accelerator.gather(count).max().item())
 
 
+def passes_of(tokens: Sequence[int], budget: int, group_size: int = 1, at_least: int = 1) -> list[list[int]]:
+    """The rows of each pass of a micro-batch whose rows weigh ``tokens``: whole groups of ``group_size`` (rows where
+    a group is over the budget, or where ``at_least`` asks for more passes than there are groups) dealt into the
+    fewest passes of at most ``budget`` tokens (:func:`fewest_parts`; a row over it alone), or ``at_least`` passes
+    (as many as the rows allow).
+
+    >>> passes_of([5, 5, 5, 5], 10, group_size=2), passes_of([5, 5, 5, 5], 10, group_size=2, at_least=3)
+    ([[0, 1], [2, 3]], [[0, 3], [1], [2]])
+    """
+    units = grouped(tokens, group_size)
+    if any(sum(tokens[row] for row in unit) > budget for unit in units):
+        units = grouped(tokens, 1)  # a group over the budget: its rows go to separate passes
+    weights = [sum(tokens[row] for row in unit) for unit in units]
+    count = max(fewest_parts(weights, budget), at_least)
+    if count > len(units):  # more passes than groups: go by rows
+        units, weights = grouped(tokens, 1), list(tokens)
+    return [[row for unit in part for row in units[unit]] for part in balanced_parts(weights, min(count, len(units)))]
+
+
 def loss_in_passes(trainer, compute, model, inputs: dict[str, Any], budget: int, group_size: int = 1,
                    padded: bool = False):  # fmt: skip
     """TRL's loss of a micro-batch (``compute(model, inputs)``: ``_compute_loss``) in the fewest passes of at most
@@ -305,15 +316,9 @@ def loss_in_passes(trainer, compute, model, inputs: dict[str, Any], budget: int,
     ``padded``: the passes compute every row at the batch's width, which is what the budget then counts."""
     tokens = row_tokens(inputs, padded)
     nominal = float(inputs.get(NOMINAL_ROWS, torch.tensor(float(len(tokens)))))
-    units = grouped(tokens, group_size)
-    if any(sum(tokens[row] for row in unit) > budget for unit in units):
-        units = grouped(tokens, 1)  # a group over the budget: its rows go to separate passes
-    weights = [sum(tokens[row] for row in unit) for unit in units]
-    passes = _passes_over_ranks(trainer, fewest_parts(weights, budget))
-    if passes > len(units):  # another rank needs more passes than this one has units: go by rows
-        units, weights = grouped(tokens, 1), tokens
-    dealt = balanced_parts(weights, min(passes, len(units)))
-    parts: list[list[int] | None] = [[row for unit in part for row in units[unit]] for part in dealt]
+    mine = passes_of(tokens, budget, group_size)
+    passes = _passes_over_ranks(trainer, len(mine))
+    parts: list[list[int] | None] = passes_of(tokens, budget, group_size, passes) if passes > len(mine) else mine
     parts += [None] * (passes - len(parts))
     loss_type = trainer.loss_type
     batch_tokens = float(_mask(inputs).sum())

@@ -76,14 +76,21 @@ def shuffle_groups(batch: dict[str, Any], size: int) -> dict[str, Any]:
         first.scatter_reduce_(0, permutation // size, torch.arange(count), reduce="amin")
         permutation = (torch.argsort(first)[:, None] * size + torch.arange(size)).flatten()
 
-    def permuted(value: Any) -> Any:
-        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
-            return value
-        if isinstance(value, torch.Tensor):
-            return value[permutation]
-        return [value[i] for i in permutation]
+    return {key: rows_at(value, permutation) for key, value in batch.items()}
 
-    return {key: permuted(value) for key, value in batch.items()}
+
+def rows_at(value: Any, index: Sequence[int] | torch.Tensor) -> Any:
+    """One field of a scored batch (a list or a row-first tensor, pixel values split per row) at the rows ``index``,
+    as TRL's ``shuffle_sequence_dict`` permutes it; a 0-d tensor (``num_items_in_batch``) and None as they are.
+
+    >>> rows_at(torch.tensor([5, 6, 7]), [2, 0]).tolist(), rows_at(["a", "b"], [1]), rows_at(None, [0])
+    ([7, 5], ['b'], None)
+    """
+    if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value[torch.as_tensor(index, dtype=torch.long, device=value.device)]
+    return [value[int(i)] for i in index]
 
 
 @contextmanager
