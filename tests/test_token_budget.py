@@ -231,30 +231,41 @@ def test_rows_are_selected_with_their_images():
 # --- a VL run -------------------------------------------------------------------------------------------------------
 
 
-def test_a_vl_run_with_a_budget_logs_trls_update(tmp_path, run_env):
-    """``suzak train`` on the smoke recipe (tiny Qwen2.5-VL, 2 groups of 4 rows with pictures, a reference pass at
-    beta 0.04, the rows of different lengths) with a budget that cuts each micro-batch and the reference pass into
-    several: the same loss and gradient norm as without it, step after step (the second step sampled from the first
-    step's weights)."""
-    common = [sys.executable, "-m", "suzak", "train", "--config", "recipes/smoke.yaml", "--max_steps", "2",
-              "--beta", "0.04", "--loss_type", "grpo", "--temperature", "1.5", "--save_strategy", "no",
-              "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4", "--preflight_rows", "0",
-              "--rewards", "test_trainer.length_reward", "--reward_weights", "1.0"]  # fmt: skip
-    env = {**run_env, "PYTHONPATH": str(Path(__file__).parent)}  # test_trainer.length_reward: non-zero advantages
+# the smoke recipe (tiny Qwen2.5-VL, pictures) with a reference pass, 2 groups of 4 rows of different lengths, a
+# length reward (non-zero advantages: tests/test_trainer.py); its flags after ``-m suzak.train`` / ``suzak train``
+RUN_FLAGS = ["--config", "recipes/smoke.yaml", "--max_steps", "2", "--beta", "0.04", "--loss_type", "grpo",
+             "--temperature", "1.5", "--save_strategy", "no", "--gradient_accumulation_steps", "2",
+             "--per_device_train_batch_size", "4", "--preflight_rows", "0", "--rewards", "test_trainer.length_reward",
+             "--reward_weights", "1.0"]  # fmt: skip
+
+
+def _same_update_with_and_without_a_budget(tmp_path, run_env, launcher: list[str], extra: list[str] = ()) -> dict:
+    """``launcher`` + :data:`RUN_FLAGS` run without a budget and with 200 tokens a pass (which cuts each micro-batch
+    and the reference pass into several): the same completions, loss and gradient norm (non-zero) step after step
+    (the second step sampled from the first step's weights). Returns each run's logged steps."""
+    env = {**run_env, "PYTHONPATH": str(Path(__file__).parent)}
     runs = {}
     for name, flags in (("rows", []), ("tokens", ["--max_tokens_per_micro_batch", "200"])):
         out = tmp_path / name
-        result = subprocess.run([*common, *flags, "--output_dir", str(out)], env=env, capture_output=True,
-                                text=True, timeout=600)  # fmt: skip
+        command = [*launcher, *RUN_FLAGS, *extra, *flags, "--output_dir", str(out)]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         with open(out / "metrics.csv", newline="") as file:
             runs[name] = [row for row in csv.DictReader(file) if row.get("loss")]
     assert len(runs["rows"]) == len(runs["tokens"]) == 2
     for rows, tokens in zip(runs["rows"], runs["tokens"], strict=True):
+        assert float(rows["grad_norm"]) > 0
         assert tokens["completions/mean_length"] == rows["completions/mean_length"]
-        assert float(rows["grad_norm"]) > 0 and float(rows["kl"]) >= 0
         for name in ("loss", "grad_norm"):
             assert float(tokens[name]) == pytest.approx(float(rows[name]), rel=1e-4, abs=1e-7), name
+    return runs
+
+
+def test_a_vl_run_with_a_budget_logs_trls_update(tmp_path, run_env):
+    """``suzak train`` (:data:`RUN_FLAGS`) with a budget: TRL's update (:func:`_same_update_with_and_without_a_budget`);
+    the reference pass runs cut by tokens too."""
+    runs = _same_update_with_and_without_a_budget(tmp_path, run_env, [sys.executable, "-m", "suzak", "train"])
+    assert all(float(row["kl"]) >= 0 for row in runs["rows"])
     assert float(runs["rows"][1]["kl"]) > 0  # the second step's reference pass saw changed weights
 
 
@@ -273,24 +284,6 @@ def test_ranks_and_zero3_cut_by_tokens_log_trls_update(tmp_path, run_env, ranks,
     """Two DDP ranks (gloo; each rank's rows cut into its own number of passes, every rank making the most any
     needs, the passes but the last outside DDP's all-reduce) and DeepSpeed ZeRO-3 (the passes but the last not a
     gradient-accumulation boundary, so the engine steps once): the same loss and gradient norm as without a budget."""
-    env = {**run_env, "PYTHONPATH": str(Path(__file__).parent)}
-    runs = {}
-    for name, flags in (("rows", []), ("tokens", ["--max_tokens_per_micro_batch", "200"])):
-        out = tmp_path / name
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "-m", "suzak.train",
-                   "--config", "recipes/smoke.yaml", "--max_steps", "2", "--beta", "0.04", "--loss_type", "grpo",
-                   "--temperature", "1.5", "--save_strategy", "no", "--gradient_accumulation_steps", "2",
-                   "--per_device_train_batch_size", "4", "--preflight_rows", "0", "--rewards",
-                   "test_trainer.length_reward", "--reward_weights", "1.0", *flags, "--output_dir", str(out)]  # fmt: skip
-        if deepspeed:
-            command += ["--deepspeed", f"ds_configs/{deepspeed}.json"]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        with open(out / "metrics.csv", newline="") as file:
-            runs[name] = [row for row in csv.DictReader(file) if row.get("loss")]
-    assert len(runs["rows"]) == len(runs["tokens"]) == 2
-    for rows, tokens in zip(runs["rows"], runs["tokens"], strict=True):
-        assert float(rows["grad_norm"]) > 0
-        assert tokens["completions/mean_length"] == rows["completions/mean_length"]
-        for name in ("loss", "grad_norm"):
-            assert float(tokens[name]) == pytest.approx(float(rows[name]), rel=1e-4, abs=1e-7), name
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "-m", "suzak.train"]
+    extra = ["--deepspeed", f"ds_configs/{deepspeed}.json"] if deepspeed else []
+    _same_update_with_and_without_a_budget(tmp_path, run_env, launcher, extra)
