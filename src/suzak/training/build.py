@@ -164,7 +164,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
                              "leave the recipe's unset")  # fmt: skip
         grpo_args.reward_weights = inputs.reward_weights
     toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
-                            suzak_args.tool_max_visual_tokens)  # fmt: skip
+                            suzak_args.tool_max_visual_tokens, grpo_args.max_tool_calling_iterations)  # fmt: skip
     data = training_data(suzak_args, grpo_args, inputs)
     processing_class = load_processor(model_args, for_vllm=grpo_args.use_vllm)
     check_zoom_turn(toolset, processing_class, inputs, grpo_args)
@@ -285,17 +285,18 @@ def load_policy(suzak_args, train_args, model_args, processing_class=None):
 
 
 def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> None:
-    """With the zoom: its largest crop's tool turn against ``max_completion_length``, before any weights load
-    (:meth:`suzak.models.tools.ZoomFactory.check_turn`), on the processor as the trainer will render with it: the
+    """With the zoom or an episode: its largest image's tool turn against ``max_completion_length``, before any weights
+    load (:meth:`suzak.models.tools.ZoomFactory.check_turn`, :meth:`suzak.models.episodes.EpisodeFactory.check_turn`), on the processor as the trainer will render with it: the
     family's tool template and the pixel budget put in, the tool turn counted by TRL's own code
     (:func:`suzak.trl_internals.tools.tool_turn_length`)."""
     from suzak.media.vision import configure_processor
+    from suzak.models.episodes import EpisodeFactory
     from suzak.models.tool_calling import prepare_tool_calling
     from suzak.models.tools import ZoomFactory
     from suzak.trl_internals.tools import tool_turn_length
 
     zoom = toolset.environment_factory
-    if not isinstance(zoom, ZoomFactory):
+    if not isinstance(zoom, ZoomFactory | EpisodeFactory):
         return
     prepare_tool_calling(processing_class, inputs.family)
     configure_processor(processing_class, inputs.budget)

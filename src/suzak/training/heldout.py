@@ -75,7 +75,7 @@ def evaluate_heldout(argv: list[str]) -> dict:
     if not heldout:
         raise SuzakError("the recipe holds out no rows (eval_rows 0): set eval_rows (e.g. --eval_rows 64)")
     toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
-                            suzak_args.tool_max_visual_tokens)  # fmt: skip
+                            suzak_args.tool_max_visual_tokens, args.max_tool_calling_iterations)  # fmt: skip
     model, processing_class = load_eval_model(model_path)
     callback = eval_callback(suzak_args, args, heldout, inputs.scorer, processing_class, inputs.budget,
                              inputs.video_budget, toolset, inputs.scorers)  # fmt: skip

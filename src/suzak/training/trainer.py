@@ -54,6 +54,7 @@ from suzak.media.vision import (
     pad_left,
     vision_token_ids,
 )
+from suzak.models.episodes import EPISODE_PROBLEMS, EpisodeFactory, episode_columns
 from suzak.models.packing import PackingCount, packing_refusal, packing_rows, use_row_attention
 from suzak.models.positions import use_qwen_video_positions
 from suzak.models.tool_calling import prepare_tool_calling
@@ -282,8 +283,20 @@ class VLMGRPOTrainer(GRPOHooks):
         factory = (self.environment_factories or {}).get(None)
         return factory if isinstance(factory, ZoomFactory) else None
 
+    @property
+    def episode_factory(self) -> EpisodeFactory | None:
+        """The run's episode environment (:class:`suzak.models.episodes.EpisodeFactory`), None without one."""
+        factory = (self.environment_factories or {}).get(None)
+        return factory if isinstance(factory, EpisodeFactory) else None
+
     def tool_problem_counts(self, environments: list) -> dict[str, int]:
-        """The zoom's failed calls of this batch by reason (``tools/zoom_<reason>`` in the step's log)."""
+        """The zoom's failed calls of this batch by reason (``tools/zoom_<reason>`` in the step's log); an episode's
+        failed actions and early ends (``tools/episode_<reason>``, :data:`suzak.models.episodes.EPISODE_PROBLEMS`),
+        its actions (``tools/episode_actions``) and its episodes (``tools/episodes``)."""
+        if self.episode_factory is not None:
+            counts = {f"episode_{reason}": sum(e.problems[reason] for e in environments) for reason in EPISODE_PROBLEMS}
+            return {**counts, "episode_actions": sum(len(e.steps) for e in environments),
+                    "episodes": len(environments)}  # fmt: skip
         if self.zoom_factory is None:
             return {}
         zooms = [e for e in environments if isinstance(e, ZoomEnvironment)]
@@ -291,7 +304,11 @@ class VLMGRPOTrainer(GRPOHooks):
 
     def rollout_columns(self, environments: list) -> dict[str, list]:
         """With the zoom: ``zoom_crops``, each rollout's crops as boxes of the original image's pixels (JSON; ``[]``
-        when it zoomed into nothing), beside its completion in ``completions.csv`` and the W&B table."""
+        when it zoomed into nothing); with an episode, ``episode_steps`` and ``episode_reward``
+        (:func:`suzak.models.episodes.episode_columns`); beside each completion in ``completions.csv`` and the W&B
+        table."""
+        if self.episode_factory is not None:
+            return episode_columns(environments)
         if self.zoom_factory is None:
             return {}
         return {f"{ZOOM}_crops": [json.dumps(getattr(e, "crops", [])) for e in environments]}
@@ -362,8 +379,9 @@ class VLMGRPOTrainer(GRPOHooks):
         """With the zoom: its largest crop's tool turn against ``max_completion_length``
         (:meth:`suzak.models.tools.ZoomFactory.check_turn`, with TRL's own count of a tool turn's tokens). ``suzak
         train`` checks the same before the weights load; this is for a trainer built by hand."""
-        if self.zoom_factory is not None:
-            self.zoom_factory.check_turn(self.pixel_budget, self.tool_turn_length, self.args.max_completion_length)
+        factory = self.zoom_factory or self.episode_factory
+        if factory is not None:
+            factory.check_turn(self.pixel_budget, self.tool_turn_length, self.args.max_completion_length)
 
     def check_dynamic_sampling(self) -> None:
         """With dynamic sampling: each rank's generation batch holds whole groups (a rank keeps or drops its own), and

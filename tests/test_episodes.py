@@ -1,0 +1,161 @@
+"""Episodes (suzak.models.episodes): the contract of an environment whose actions change a screen, and MiniWoB++ in a
+real Chromium (suzak.data.miniwob)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from PIL import Image, ImageDraw
+
+from suzak import SuzakError
+from suzak.media.boxes import BoxFrame
+from suzak.media.vision import PixelBudget
+from suzak.models.episodes import (
+    Action,
+    Clicks,
+    EpisodeCrashed,
+    EpisodeFactory,
+    Outcome,
+    ScreenEnvironment,
+    Types,
+    episode_columns,
+)
+from suzak.models.tools import ToolError, resolve_tools
+
+SEEN = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 32}
+
+
+class Doors(ScreenEnvironment, Clicks, Types):
+    """Two steps: click the door (a white square somewhere), then the key shown behind it; typing "skip" is refused."""
+
+    crash_on: str | None = None
+
+    def _start(self, row):
+        self.door, self.key, self.opened, self.won, self.lost = row["door"], row["key"], False, False, False
+        return self._draw(self.door)
+
+    def _draw(self, box, colour="white"):
+        image = Image.new("RGB", (320, 240))
+        ImageDraw.Draw(image).rectangle(box, fill=colour)
+        return image
+
+    def _perform(self, action: Action):
+        if self.crash_on == action.kind:
+            raise EpisodeCrashed("the screen went dark")
+        if action.kind == "type_text":
+            raise ToolError("nothing to type into")
+        left, top, right, bottom = self.key if self.opened else self.door
+        inside = left <= action.x <= right and top <= action.y <= bottom
+        if self.opened:
+            self.won, self.lost = inside, not inside
+        else:
+            self.opened = inside
+
+    def _outcome(self):
+        done = self.won or self.lost
+        return Outcome(done=done, reward=1.0 if self.won else 0.5 * self.opened, success=self.won if done else None)
+
+    def _screen(self):
+        return self._draw(self.key, "yellow") if self.opened else self._draw(self.door)
+
+
+ROW = {"door": (20, 20, 80, 80), "key": (240, 160, 300, 220)}
+
+
+def _episode(family="qwen2_5_vl", max_steps=4, cap=None, environment=Doors):
+    factor = SEEN[family]
+    seen = PixelBudget(factor * factor, 64 * factor * factor, factor=factor)
+    screens = PixelBudget(factor * factor, 16 * factor * factor, factor=factor)
+    env = environment.bound_to(screens, max_steps, cap)()
+    first = Doors._draw(None, ROW["door"])
+    frame = BoxFrame.of(family, 320, 240, seen)
+    env.reset(**ROW, image=first, box_frame=frame.as_dict())
+    return env, frame, screens
+
+
+@pytest.mark.parametrize("family", sorted(SEEN))
+def test_an_episode_clicks_in_the_model_frame_of_the_screen_it_saw_last(family):
+    """The first click is read in the first screen's frame (the training budget), the second in the next screen's
+    (the tool budget): for Qwen2.5-VL those are different pixel grids; the reward is the environment's."""
+    env, frame, screens = _episode(family)
+    answer = env.click(*frame.click_point(ROW["door"]))
+    screen = answer[0]["image"]
+    assert screen.size == screens.fit(Image.new("RGB", (320, 240))).size
+    assert env.get_reward() == 0.5 and not env.outcome.done
+    second = BoxFrame.of(family, 320, 240, screens)
+    if family == "qwen2_5_vl":  # absolute pixels: the first frame's point would land elsewhere on the second screen
+        assert not second.point_in_box(frame.click_point(ROW["key"]), ROW["key"])
+    assert env.click(*second.click_point(ROW["key"])) == "The episode is over: success (reward 1)."
+    assert env.get_reward() == 1.0 and env.outcome.success
+    assert [step.kind for step in env.steps] == ["click", "click"]
+    assert ROW["key"][0] <= env.steps[1].point[0] <= ROW["key"][2]
+    assert env.visual_tokens == screens.tokens(screen.height, screen.width)
+    columns = episode_columns([env])
+    assert columns["episode_reward"] == [1.0] and '"kind": "click"' in columns["episode_steps"][0]
+
+
+def test_bad_actions_are_tool_errors_counted_by_reason_and_the_episode_goes_on():
+    env, frame, _ = _episode("qwen2_vl")
+    with pytest.raises(ToolError, match="x and y must be numbers"):
+        env.click("left", 5)
+    with pytest.raises(ToolError, match=r"off the screen: x within 0-999"):
+        env.click(1200, 5)
+    with pytest.raises(ToolError, match="type_text: nothing to type into"):
+        env.type_text("skip")
+    assert dict(env.problems) == {"unparsable": 1, "out_of_range": 1, "refused": 1}
+    env.click(*frame.click_point(ROW["door"]))
+    assert env.click(0, 0) == "The episode is over: failure (reward 0.5)."  # a wrong key: over, with the door's half
+    with pytest.raises(ToolError, match="the episode is over"):
+        env.click(0, 0)
+    assert env.problems["over"] == 1 and env.get_reward() == 0.5
+
+
+def test_the_step_cap_and_the_visual_token_cap_end_an_episode():
+    env, _, _ = _episode("qwen2_vl", max_steps=2)
+    env.click(999, 999)
+    assert env.click(999, 999) == "The episode is over: its 2 steps are used (reward 0)."
+    assert env.problems["step_cap"] == 1 and env.outcome.done and env.final_screen is not None
+    env, _, screens = _episode("qwen2_vl", cap=20)  # one screen of 12 tokens fits, a second does not
+    assert isinstance(env.click(999, 999), list)
+    assert "screens may show 20 visual tokens" in env.click(999, 999)
+    assert env.problems["budget"] == 1 and env.visual_tokens == 12
+
+
+def test_a_crashed_environment_ends_the_episode_and_a_diverged_first_screen_is_counted(caplog):
+    class Fragile(Doors):
+        crash_on = "click"
+
+    env, _, _ = _episode("qwen2_vl", environment=Fragile)
+    assert "the environment failed: the screen went dark" in env.click(5, 5)
+    assert env.problems["crashed"] == 1 and env.outcome.done and env.get_reward() == 0.0
+    env = Doors.bound_to(PixelBudget(784, 12544, factor=28))()
+    frame = BoxFrame.of("qwen2_vl", 320, 240, PixelBudget(784, 50176, factor=28))
+    env.reset(**ROW, image=Image.new("RGB", (320, 240), "red"), box_frame=frame.as_dict())
+    assert env.problems["diverged"] == 1 and "not the row's image" in caplog.text
+    with pytest.raises(SuzakError, match="first screen as its one image"):
+        env.reset(**ROW)
+
+
+def test_trl_offers_the_model_the_mixins_actions_only():
+    """TRL makes every public function of the class a tool (GRPOTrainer.__init__): the hooks stay private, and
+    bound_to (a classmethod) is not a function of the class."""
+    exposed = sorted(name for name, _ in inspect.getmembers(Doors, predicate=inspect.isfunction)
+                     if name not in ("reset", "get_reward") and not name.startswith("_"))  # fmt: skip
+    assert exposed == ["click", "type_text"]
+    from suzak.data.miniwob import MiniWoBEnvironment
+
+    exposed = sorted(name for name, _ in inspect.getmembers(MiniWoBEnvironment, predicate=inspect.isfunction)
+                     if name not in ("reset", "get_reward") and not name.startswith("_"))  # fmt: skip
+    assert exposed == ["click", "press_key", "scroll", "type_text"]
+
+
+def test_resolve_tools_binds_an_episode_to_the_screen_budget_and_the_step_cap():
+    budget = PixelBudget(784, 12544, factor=28)
+    toolset = resolve_tools(["miniwob"], budget, 64, max_steps=3)
+    factory = toolset.environment_factory
+    assert isinstance(factory, EpisodeFactory) and toolset.tools == []
+    assert (factory.budget, factory.max_steps, factory.max_visual_tokens) == (budget, 3, 64)
+    assert resolve_tools([f"{__name__}.Doors"], budget).environment_factory.max_steps == 8
+    with pytest.raises(SuzakError, match="shows screens, and this model has no vision tower"):
+        resolve_tools(["miniwob"], None)

@@ -1,0 +1,144 @@
+"""MiniWoB++ in a real Chromium (suzak.data.miniwob): episodes acted in the model's frame, the task's reward, a hung or
+killed browser counted and restarted. setup.sh installs Debian's chromium and chromium-driver; these tests run them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from suzak import SuzakError
+from suzak.data.miniwob import MiniWoBEnvironment, _key_name, browser_paths, miniwob_rows, miniwob_tasks
+from suzak.media.boxes import BoxFrame
+from suzak.media.vision import PixelBudget
+
+SEEN = PixelBudget(3136, 50176, factor=28)  # the first screen, as training fits it
+SCREENS = PixelBudget(3136, 25088, factor=28)  # the next screens, tool_max_pixels
+
+
+def _element_box(observation: dict, tag: str, text: str | None = None) -> tuple[float, float, float, float]:
+    """The screen-pixel box of the first DOM element with ``tag`` (and ``text``) in a MiniWoB++ observation."""
+    for element in observation["dom_elements"]:
+        if element["tag"] == tag and (text is None or element["text"] == text):
+            left, top = float(element["left"][0]), float(element["top"][0])
+            return left, top, left + float(element["width"][0]), top + float(element["height"][0])
+    raise AssertionError(f"no {tag} {text!r} on the screen")
+
+
+def _start(environment: MiniWoBEnvironment, task: str, seed: int, family: str = "qwen2_5_vl"):
+    row = miniwob_rows([task], [seed])[0]
+    frame = BoxFrame.of(family, *row["image"].size, SEEN)
+    environment.reset(**row, box_frame=frame.as_dict())
+    return row, frame
+
+
+@pytest.fixture
+def environment():
+    env = MiniWoBEnvironment.bound_to(SCREENS, 4)()
+    yield env
+    env._close()
+
+
+def _browsers() -> set[int]:
+    """Running chromedriver and chromium processes."""
+    found = [subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
+             for name in ("chromedriver", "chromium")]  # fmt: skip
+    return {int(pid) for pids in found for pid in pids}
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_click_button_is_won_by_clicking_the_named_button_in_the_model_frame(environment, family):
+    row, frame = _start(environment, "click-button", 3, family)
+    assert row["utterance"] == 'Click on the "no" button.' and environment.problems["diverged"] == 0
+    observation = environment._task.observation
+    answer = environment.click(*frame.click_point(_element_box(observation, "button", "no")))
+    assert answer == "The episode is over: success (reward 1)."
+    assert environment.get_reward() == 1.0 and environment.restarts == 0
+
+
+def test_enter_text_takes_a_click_typing_and_a_submit_on_the_next_screen(environment):
+    row, frame = _start(environment, "enter-text", 1)
+    word = re.search(r'"(.+?)"', row["utterance"]).group(1)
+    first = environment._task.observation
+    screen = environment.click(*frame.click_point(_element_box(first, "input_text")))[0]["image"]
+    assert screen.size == SCREENS.fit(row["image"]).size  # the next screen at the tool budget
+    environment.type_text(word)
+    second = BoxFrame.of("qwen2_5_vl", *row["image"].size, SCREENS)  # the frame of the screen seen last
+    submit = second.click_point(_element_box(environment._task.observation, "button", "Submit"))
+    assert environment.click(*submit) == "The episode is over: success (reward 1)."
+    assert [step.kind for step in environment.steps] == ["click", "type_text", "click"]
+
+
+def test_a_wrong_answer_is_a_failure_and_unknown_keys_are_tool_errors(environment):
+    _, frame = _start(environment, "click-button", 3)
+    from suzak.models.tools import ToolError
+
+    with pytest.raises(ToolError, match="unknown key 'Hyper'"):
+        environment.press_key("Hyper")
+    screen = environment.press_key("Enter")[0]["image"]
+    frame = BoxFrame.of("qwen2_5_vl", 160, 210, SCREENS)  # the frame of the screen seen last
+    assert screen.size == (frame.resized_width, frame.resized_height)
+    other = next(e["text"] for e in environment._task.observation["dom_elements"] if e["tag"] == "button" and
+                 e["text"] != "no")  # fmt: skip
+    wrong = frame.click_point(_element_box(environment._task.observation, "button", other))
+    answer = environment.click(*wrong)
+    assert "failure (reward 0)" in answer and environment.get_reward() == 0.0
+    assert environment.problems["refused"] == 1 and [step.kind for step in environment.steps] == ["press_key", "click"]
+    assert _key_name("enter", ["<Enter>"]) == "<Enter>" and _key_name("ctrl+a", ["C-a"]) == "C-a"
+
+
+def test_a_hung_browser_is_killed_counted_and_restarted(environment, monkeypatch):
+    _start(environment, "click-button", 3)
+    hung = environment._task
+    hung.timeout_s = 2.0
+    pids = _browsers()
+    monkeypatch.setattr(hung._env, "step", lambda action: time.sleep(30))  # the browser's own call hangs
+    started = time.monotonic()
+    answer = environment.click(5, 200)
+    assert "did not answer click within 2 s" in answer and time.monotonic() - started < 20
+    assert environment.problems["crashed"] == 1 and environment.restarts == 1 and environment.outcome.done
+    monkeypatch.undo()
+    hung.timeout_s = 30.0
+    assert hung._env is None and not _browsers() - pids  # its browser is gone, no new one yet
+    _, frame = _start(environment, "click-button", 3)  # the next episode starts a new browser
+    answer = environment.click(*frame.click_point(_element_box(environment._task.observation, "button", "no")))
+    assert answer.endswith("success (reward 1).")
+
+
+def test_a_killed_browser_ends_its_episode_and_the_next_one_restarts_it(environment):
+    _start(environment, "click-button", 3)
+    driver = environment._task._env.unwrapped.instance.driver.service.process
+    driver.kill()
+    driver.wait(timeout=10)
+    answer = environment.click(5, 200)
+    assert "the environment failed" in answer and environment.problems["crashed"] == 1
+    _, frame = _start(environment, "click-button", 3)
+    assert environment.problems["crashed"] == 0 and environment.restarts == 1
+    answer = environment.click(*frame.click_point(_element_box(environment._task.observation, "button", "no")))
+    assert answer.endswith("success (reward 1).")
+
+
+def test_a_missing_browser_and_an_unknown_task_are_one_line(monkeypatch):
+    assert {"click-button", "enter-text", "click-checkboxes"} <= set(miniwob_tasks())
+    with pytest.raises(SuzakError, match=r"unknown task\(s\) click-buton"):
+        miniwob_rows(["click-buton"], 1)
+    monkeypatch.setenv("MINIWOB_CHROME_BINARY", "/nowhere/chromium")
+    monkeypatch.setenv("MINIWOB_CHROMEDRIVER", "/nowhere/chromedriver")
+    with pytest.raises(SuzakError, match="missing: chromium, chromedriver .*bash setup.sh installs"):
+        browser_paths()
+    monkeypatch.delenv("MINIWOB_CHROMEDRIVER")
+    with pytest.raises(SuzakError, match="set both"):
+        browser_paths()
+
+
+def test_the_dataset_rows_hold_each_seeds_first_screen_and_its_prompt():
+    rows = miniwob_rows(["click-button", "enter-text"], 2, start=10)
+    assert [(row["task"], row["seed"]) for row in rows] == [("click-button", 10), ("enter-text", 10),
+                                                            ("click-button", 11), ("enter-text", 11)]  # fmt: skip
+    assert all(row["image"].size == (160, 210) for row in rows)
+    text = rows[1]["prompt"][0]["content"][1]["text"]
+    assert text.startswith(rows[1]["utterance"]) and "tools" in text
+    assert os.environ.get("MINIWOB_CHROME_BINARY") is None or browser_paths()
