@@ -142,3 +142,93 @@ def test_the_dataset_rows_hold_each_seeds_first_screen_and_its_prompt():
     text = rows[1]["prompt"][0]["content"][1]["text"]
     assert text.startswith(rows[1]["utterance"]) and "tools" in text
     assert os.environ.get("MINIWOB_CHROME_BINARY") is None or browser_paths()
+
+
+def test_environments_swap_browsers_by_task_instead_of_starting_new_ones(monkeypatch):
+    """TRL reuses its environments across batches whose rows mix tasks: a browser goes back to the process's idle
+    ones and the next row of its task takes it."""
+    from suzak.data import miniwob
+
+    rows = {row["task"]: row for row in miniwob_rows(["click-button", "enter-text"], [1])}
+    frame = BoxFrame.of("qwen2_5_vl", 160, 210, SEEN).as_dict()
+    opened = []
+    real_open = miniwob._Task._open
+    monkeypatch.setattr(miniwob._Task, "_open", lambda self: opened.append(self.task) or real_open(self))
+    first, second = (MiniWoBEnvironment.bound_to(SCREENS, 4)() for _ in range(2))
+    try:
+        rounds = [("click-button", "enter-text"), ("enter-text", "click-button")] * 4
+        for number, (a, b) in enumerate(rounds):
+            first.reset(**rows[a], box_frame=frame)
+            second.reset(**rows[b], box_frame=frame)
+            if number == 3:
+                warm = list(opened)
+        # at most two browsers per task (the one an environment holds, one idle), none started in the last four rounds
+        assert len(opened) <= 4 and opened == warm
+        assert first.problems["diverged"] == second.problems["diverged"] == 0
+    finally:
+        first._close()
+        second._close()
+        for browsers in miniwob._IDLE.values():
+            for browser in browsers:
+                browser.close()
+        miniwob._IDLE.clear()
+
+
+def test_grpo_trains_on_miniwob_episodes_whose_reward_reaches_the_advantages(tiny_model_dir, tmp_path):
+    """recipes/miniwob_smoke.yaml through suzak's trainer and TRL's tool loop, with a scripted policy (the random-init
+    tiny model rarely writes a call): in each group half the rollouts click the named button, in the model's frame of
+    the first screen, and half click another one; MiniWoB++ scores each episode in Chromium, and its reward makes the
+    group's advantages. The completions log holds each episode's actions."""
+    import json
+
+    import torch
+
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
+
+    out = tmp_path / "run"
+    trainer = grpo_trainer(*parse_args([
+        "--config", "recipes/miniwob_smoke.yaml", "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(out),
+        "--dataset_options", '{"tasks": ["click-button"], "seeds": 4}', "--max_steps", "1",
+        "--per_device_train_batch_size", "4", "--num_generations", "4", "--log_completions", "true"]))  # fmt: skip
+    tokenizer = trainer.processing_class.tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    advantages, calls = [], []
+
+    def scripted(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        texts = []
+        for i in range(len(prompt_ids)):
+            if num_generations == 1:  # TRL's turn after the tool's answer: stop
+                texts.append("Done.")
+                continue
+            environment = trainer.environments[i]
+            observation = environment._task.observation
+            named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
+            buttons = [e["text"] for e in observation["dom_elements"] if e["tag"] == "button"]
+            target = named if i % 2 == 0 else next(text for text in buttons if text != named)
+            x, y = environment._frame.click_point(_element_box(observation, "button", target))
+            calls.append(target == named)
+            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+        return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts], None
+
+    trainer._generate_single_turn = scripted
+    score = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        batch = score(inputs)
+        advantages.append(batch["advantages"])
+        return batch
+
+    trainer._generate_and_score_completions = spy
+    rollouts = []
+    trainer.completion_listeners.append(rollouts.extend)  # what completions.csv gets
+    trainer.train()
+    assert calls == [True, False] * 2
+    rewards = [float(row["reward/MiniWoBEnvironment"]) for row in rollouts]
+    assert rewards == [1.0, 0.0] * 2  # MiniWoB++'s verdicts in Chromium
+    assert torch.equal(advantages[0].sign().cpu(), torch.tensor([1.0, -1.0] * 2))
+    steps = [json.loads(row["episode_steps"]) for row in rollouts]
+    assert all(len(s) == 1 and s[0]["kind"] == "click" for s in steps)
+    log = next(entry for entry in trainer.state.log_history if "reward" in entry)
+    assert float(log["tools/episodes"]) == float(log["tools/episode_actions"]) == len(calls)
+    assert float(log["rewards/MiniWoBEnvironment/mean"]) == 0.5

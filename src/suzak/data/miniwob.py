@@ -162,13 +162,14 @@ class _Task:
         driver = env.unwrapped.instance.driver
         pid = driver.service.process.pid
         self._tree = [pid, *_descendants(pid)]
-        driver.execute_script(f"core.EPISODE_MAX_TIME = {int(self.time_limit_s * 1000)};")
         return env
 
     def reset(self, seed: int) -> Image.Image:
         def run():
             if self._env is None or self._env.unwrapped.instance.died:
                 self._env = self._open()
+            driver = self._env.unwrapped.instance.driver  # the task's own timer, read as each episode starts
+            driver.execute_script(f"core.EPISODE_MAX_TIME = {int(self.time_limit_s * 1000)};")
             observation, info = self._env.reset(seed=int(seed))
             return observation, info
 
@@ -307,8 +308,8 @@ class MiniWoBEnvironment(ScreenEnvironment, Clicks, Types, Keys, Scrolls):
             raise SuzakError("a miniwob row needs 'task' and 'seed' (suzak.data.miniwob.miniwob_rows builds them)")
         if self._task is None or self._task.task != task:
             if self._task is not None:
-                self._task.close()
-            self._task = _Task(task, self.time_limit_s, self.timeout_s)
+                _release(self._task)
+            self._task = _acquire(task, self.time_limit_s, self.timeout_s)
         try:
             return self._task.reset(int(seed))
         except EpisodeCrashed:
@@ -339,6 +340,35 @@ class MiniWoBEnvironment(ScreenEnvironment, Clicks, Types, Keys, Scrolls):
         if self._task is not None:
             self._task.close()
             self._task = None
+
+
+# Browsers of this process that no environment holds, by task: an environment whose next row is another task hands
+# its browser back here and takes one of the new task's (TRL reuses its environments across batches, whose rows mix
+# tasks), so a process keeps about as many browsers per task as it runs that task's episodes at once.
+_IDLE: dict[str, list[_Task]] = {}
+_IDLE_LOCK = threading.Lock()
+MAX_IDLE = 32  # idle browsers a process keeps, all tasks together; the oldest is closed past it
+
+
+def _acquire(task: str, time_limit_s: float, timeout_s: float) -> _Task:
+    with _IDLE_LOCK:
+        idle = _IDLE.get(task, [])
+        browser = idle.pop() if idle else None
+    if browser is not None:
+        browser.time_limit_s, browser.timeout_s = time_limit_s, timeout_s
+        return browser
+    return _Task(task, time_limit_s, timeout_s)
+
+
+def _release(browser: _Task) -> None:
+    with _IDLE_LOCK:
+        _IDLE.setdefault(browser.task, []).append(browser)
+        idle = [b for browsers in _IDLE.values() for b in browsers]
+        oldest = idle[0] if len(idle) > MAX_IDLE else None
+        if oldest is not None:
+            _IDLE[oldest.task].remove(oldest)
+    if oldest is not None:
+        oldest.close()
 
 
 def open_task(task: str, time_limit_s: float = 600.0, timeout_s: float = 30.0) -> _Task:
