@@ -43,10 +43,17 @@ def environment():
 
 
 def _browsers() -> set[int]:
-    """Running chromedriver and chromium processes."""
+    """Running chromedriver and chromium processes (not the zombies a container's init has yet to reap)."""
     found = [subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
              for name in ("chromedriver", "chromium")]  # fmt: skip
-    return {int(pid) for pids in found for pid in pids}
+    return {int(pid) for pids in found for pid in pids if _state(int(pid)) not in ("Z", "X", None)}
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])

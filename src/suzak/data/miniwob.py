@@ -237,6 +237,11 @@ class _Task:
         closer.join(timeout=10)
         for pid in tree:
             _kill_browser_process(pid)
+        if driver is not None:  # this process's child: reaped, not left a zombie
+            try:
+                driver.wait(timeout=5)
+            except Exception:  # noqa: BLE001 (a driver that outlives SIGKILL is the kernel's to end)
+                pass
         self._tree = []
     def close(self) -> None:
         self.kill()
