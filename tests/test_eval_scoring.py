@@ -184,9 +184,12 @@ def test_every_task_has_strict_and_only_gsm8k_the_video_task_and_jsonl_lack_r1v(
         with pytest.raises(SuzakError, match=rf"--reward '{reward}': boxes and clicks are scored .* `suzak.eval rec`"):
             TASKS["jsonl"].scored_by(reward)
     rules = {"gsm8k": ["strict"], "moving_ball": ["strict"], "jsonl": ["strict"], "rec": ["vlm_r1", "strict"],
-             "grounding_shapes": ["vlm_r1", "strict"], "gui_click": ["strict"]}  # fmt: skip
+             "grounding_shapes": ["vlm_r1", "strict"], "gui_click": ["strict"], "miniwob": ["strict"]}  # fmt: skip
     for task in [t for t in TASKS.values() if t.name != "jsonl"] + [TASKS["jsonl"].scored_by(r) for r in rewards]:
         assert task.rules == rules.get(task.name, ["r1v", "strict"])
+        if task.name == "miniwob":  # an episode's verdict is its environment's own reward (TRL's get_reward)
+            assert SCORERS[task.scorers["strict"]].reward is None
+            continue
         assert SCORERS[task.scorers["strict"]].reward in REWARDS  # strict is the training reward's parser
         for rule in task.rules:
             assert task.scorer(rule).rule == rule and rule in SCORING_RULES

@@ -3,6 +3,7 @@ killed browser counted and restarted. setup.sh installs Debian's chromium and ch
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -239,3 +240,68 @@ def test_grpo_trains_on_miniwob_episodes_whose_reward_reaches_the_advantages(tin
     log = next(entry for entry in trainer.state.log_history if "reward" in entry)
     assert float(log["tools/episodes"]) == float(log["tools/episode_actions"]) == len(calls)
     assert float(log["rewards/MiniWoBEnvironment/mean"]) == 0.5
+
+
+def test_suzak_eval_miniwob_scores_each_episode_by_its_environment(tiny_model_dir, tmp_path, monkeypatch):
+    """`suzak eval --task miniwob`: each item an episode in Chromium, acted through the evaluation's tool loop on the
+    HF engine (a scripted turn here: the named button on even seeds, another button on odd ones), scored by
+    MiniWoB++'s verdict; the summary has a table by task."""
+    from suzak.eval import engine as engine_module
+    from suzak.eval import tool_loop
+    from suzak.eval.runner import EvalConfig, evaluate
+
+    started = {}
+    start = tool_loop.ToolLoop.start
+
+    def spy_start(self, row):
+        rollout = start(self, row)
+        started[(row["task"], row["seed"])] = rollout
+        return rollout
+
+    def scripted(self, batch, prompts, temperature, seed):
+        tokenizer = self.processing_class.tokenizer
+        texts = []
+        for row in batch:
+            if row["prompt"][-1]["role"] != "user":  # after the tool's answer
+                texts.append("Done.")
+                continue
+            environment = started[(row["task"], row["seed"])].environment
+            observation = environment._task.observation
+            named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
+            other = next(e["text"] for e in observation["dom_elements"] if e["tag"] == "button" and e["text"] != named)
+            x, y = environment._frame.click_point(_element_box(observation, "button", named if row["seed"] % 2 == 0
+                                                                else other))  # fmt: skip
+            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts]
+
+    monkeypatch.setattr(tool_loop.ToolLoop, "start", spy_start)
+    monkeypatch.setattr(engine_module.HFEngine, "generate_ids", scripted)
+    output = tmp_path / "miniwob.json"
+    config = EvalConfig(task="miniwob", model_path=str(tiny_model_dir), tasks=["click-button"], episodes=4,
+                        data_seed=10, output_path=str(output), min_pixels=3136, max_pixels=12544, progress=False)  # fmt: skip
+    assert config.tools == ["miniwob"] and config.max_tool_calling_iterations == 8
+    report = evaluate(config)
+    results = json.loads(output.read_text())["results"]
+    assert [r["question"]["seed"] for r in results] == [10, 11, 12, 13]
+    assert [r["is_correct"] for r in results] == [True, False, True, False]
+    assert [r["episode"]["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert all(len(r["episode"]["steps"]) == 1 and r["tool_calls"] == 1 for r in results)
+    assert report.greedy.accuracy == 50.0
+    assert report.greedy.extra["episodes"]["click-button"] == {"episodes": 4, "success_rate": 0.5, "mean_reward": 0.5,
+                                                               "mean_actions": 1.0}  # fmt: skip
+    assert "| greedy | click-button | 4 | 50.0% | 0.500 | 1.00 |" in output.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"tasks": ["click-buton"]}, r"unknown task\(s\) click-buton"),
+    ({"tasks": ["list"]}, "MiniWoB\\+\\+ ships: .*click-button"),
+    ({"episodes": 0}, "--episodes must be at least 1"),
+])  # fmt: skip
+def test_bad_miniwob_eval_flags_are_one_line(tmp_path, flags, message):
+    from suzak.eval.runner import EvalConfig
+
+    with pytest.raises(SuzakError, match=message):
+        EvalConfig(task="miniwob", model_path="tiny", **flags)
+    with pytest.raises(SuzakError, match="--tasks/--episodes are miniwob's"):
+        EvalConfig(task="gsm8k", model_path="tiny", tasks=["click-button"])

@@ -211,6 +211,7 @@ def markdown_summary(task: str, model: str, greedy: RunResult, sampled: list[Run
         cells = "".join(f" {mean:.2f} ± {std:.2f} (mean ± std) | |" for mean, std in spreads)
         lines.append(f"| sampled, {len(sampled)} seed(s) |{cells} |")
     lines += tool_lines([greedy, *sampled])
+    lines += episode_lines([greedy, *sampled])
     lines += ["", scoring_note(rules, task), "", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
     r1v = greedy.by_rule().get("r1v")
     return "\n".join(lines + reference_lines({task: r1v[0] if r1v else None})) + "\n"
@@ -239,6 +240,29 @@ def tool_lines(runs: list[RunResult]) -> list[str]:
         name = "greedy" if run.seed is None else f"seed {run.seed}, T={run.temperature:g}"
         lines.append(f"| {name} | {counts['tool_calls_per_row']:.2f} | {counts['rows_with_calls']} / {run.total} | "
                      f"{sum(failed.values())}{reasons} |")  # fmt: skip
+    return lines
+
+
+def episode_lines(runs: list[RunResult]) -> list[str]:
+    """A table of each pass's episodes by task (``miniwob``; none otherwise): success rate, mean reward, actions.
+
+    >>> run = RunResult("r.json", 50.0, 1, 2, extra={"episodes": {"click-button": {"episodes": 2,
+    ...     "success_rate": 0.5, "mean_reward": 0.5, "mean_actions": 1.5}}})
+    >>> print("\\n".join(episode_lines([run])))
+    <BLANKLINE>
+    | run | task | episodes | success | mean reward | actions per episode |
+    |---|---|---|---|---|---|
+    | greedy | click-button | 2 | 50.0% | 0.500 | 1.50 |
+    """
+    shown = [run for run in runs if "episodes" in run.extra]
+    if not shown:
+        return []
+    lines = ["", "| run | task | episodes | success | mean reward | actions per episode |", "|---|---|---|---|---|---|"]
+    for run in shown:
+        name = "greedy" if run.seed is None else f"seed {run.seed}, T={run.temperature:g}"
+        for task, counts in run.extra["episodes"].items():
+            lines.append(f"| {name} | {task} | {counts['episodes']} | {100 * counts['success_rate']:.1f}% | "
+                         f"{counts['mean_reward']:.3f} | {counts['mean_actions']:.2f} |")  # fmt: skip
     return lines
 
 

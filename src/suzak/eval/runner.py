@@ -39,7 +39,7 @@ from suzak.eval.tasks import (
     resolve_template,
     score_rules,
 )
-from suzak.eval.tool_loop import ToolLoop, crops_per_prompt, tool_counts
+from suzak.eval.tool_loop import ToolLoop, crops_per_prompt, episode_counts, tool_counts
 from suzak.media.boxes import FRAMES, BoxFrame, put_question_boxes, question_boxes_of
 from suzak.media.video import VideoBudgetArguments
 from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
@@ -143,7 +143,12 @@ class EvalConfig(VideoBudgetArguments):
                 "(default: no cap beyond max_new_tokens)"})  # fmt: skip
     max_tool_calling_iterations: int | None = field(default=None, metadata={
         "help": "tool rounds per answer, as training's (default: until a turn calls nothing or max_new_tokens is "
-                "used)"})  # fmt: skip
+                "used; miniwob: 8, the episode's step cap)"})  # fmt: skip
+    tasks: list[str] = field(default_factory=list, metadata={
+        "help": "miniwob: the MiniWoB++ tasks to run (default click-button), e.g. --tasks click-button,enter-text; "
+                "`suzak eval --task miniwob --tasks list` names the ones it ships"})  # fmt: skip
+    episodes: int = field(default=20, metadata={
+        "help": "miniwob: episodes per task, seeds data_seed, data_seed+1, ... (each an episode in Chromium)"})  # fmt: skip
 
     def __post_init__(self):
         if isinstance(self.chat_template_kwargs, str):
@@ -157,6 +162,7 @@ class EvalConfig(VideoBudgetArguments):
                 raise SuzakError(f"--chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
         if self.task is None:
             raise SuzakError(f"no task: give one of {', '.join(TASKS)} (python -m suzak.eval TASK --model_path M)")
+        self._check_episodes()
         if self.engine not in ("hf", "vllm"):
             raise SuzakError(f"unknown engine {self.engine!r}: use hf or vllm")
         if self.scoring not in SCORING_RULES:
@@ -176,6 +182,25 @@ class EvalConfig(VideoBudgetArguments):
         except ValueError as error:
             raise SuzakError(f"video budget: {error} (the --video_* flags)") from None
         self._check_tools()
+
+    def _check_episodes(self) -> None:
+        """miniwob: its environment (``--tools miniwob`` unless given), its step cap, its tasks (known to MiniWoB++)
+        and episodes; the flags are refused on other tasks."""
+        if self.task != "miniwob":
+            if self.tasks or self.episodes != 20:
+                raise SuzakError(f"--tasks/--episodes are miniwob's; {self.task} has its own items")
+            return
+        from suzak.data.miniwob import check_tasks, miniwob_tasks
+
+        self.tasks = [name for text in self.tasks for name in text.split(",") if name]  # a,b or a b
+        if self.tasks == ["list"]:
+            raise SuzakError("MiniWoB++ ships: " + ", ".join(miniwob_tasks()))
+        self.tasks = check_tasks(self.tasks or ["click-button"])
+        if self.episodes < 1:
+            raise SuzakError(f"--episodes must be at least 1, got {self.episodes}")
+        self.tools = self.tools or ["miniwob"]
+        if self.max_tool_calling_iterations is None:
+            self.max_tool_calling_iterations = 8
 
     def _check_tools(self) -> None:
         """The tool flags, as training checks its recipe's (:func:`suzak.models.tools.check_tool_settings`), and the tools'
@@ -307,7 +332,8 @@ def prepare_items(config: EvalConfig, task: Task) -> tuple[list[EvalItem], int]:
     with ``skip_missing``, before any model loads."""
     template = resolve_template(task, config.prompt_template)
     items = load_items(task, config.prompt_path, template=template, image_root=config.image_root,
-                       num_rows=config.num_rows, data_seed=config.data_seed)  # fmt: skip
+                       num_rows=config.num_rows, data_seed=config.data_seed, miniwob_tasks=config.tasks,
+                       episodes=config.episodes)  # fmt: skip
     if config.limit is not None:
         items = items[: config.limit]
     missing = missing_images(items)
@@ -342,7 +368,7 @@ def _load_image(source) -> Image.Image:
 def engine_row(item: EvalItem) -> dict:
     """The generation input of an item (images loaded), in the data builders' row form."""
     images = [_load_image(source) for source in item.images]
-    row: dict[str, Any] = {"prompt": item.prompt}
+    row: dict[str, Any] = {"prompt": item.prompt, **dict(item.columns)}
     if item.video is not None:
         row |= {"video": item.video, "video_fps": item.video_fps}
     if len(images) == 1:
@@ -452,7 +478,7 @@ def result_row(task: Task, item: EvalItem, output: str | dict, scoring: str = "s
     ``tool_calls`` and ``tool_failures`` follow."""
     tools = output if isinstance(output, dict) else {}
     output = tools.get("model_output", output)
-    verdicts = score_rules(task, output, item.gold)
+    verdicts = score_rules(task, tools if "episode" in tools else output, item.gold)  # an episode: its environment's
     extracted, correct = verdicts[scoring]
     row = {"question": item.record, "ground_truth": item.gold, "model_output": output,
            "extracted_answer": extracted, "is_correct": bool(correct)}  # fmt: skip
@@ -513,6 +539,8 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
             result.other_correct = sum(r[rule_flag(other)] for r in results)
         if tools is not None:
             result.extra["tools"] = tool_counts(results)
+            if any("episode" in r for r in results):
+                result.extra["episodes"] = episode_counts(results)
     state.wait_for_everyone()
     return result
 
@@ -554,6 +582,8 @@ def _settings(config: EvalConfig, task: Task, budget: PixelBudget, videos: bool 
         template["opening_in_completion"] = True
     if config.reward is not None:  # jsonl's scorer
         template["reward"] = config.reward
+    if task.name == "miniwob":  # the tasks and seeds are the items
+        template |= {"tasks": list(config.tasks), "episodes": config.episodes}
     if config.tools:  # the tool loop decides what every answer saw
         template |= {"tools": list(config.tools), "tool_max_pixels": config.tool_max_pixels,
                      "tool_max_visual_tokens": config.tool_max_visual_tokens,

@@ -150,6 +150,15 @@ def _score_word(output: str, gold) -> tuple[str | None, bool]:
     return answer, answer == expected
 
 
+def _score_episode(output, gold) -> tuple[float | None, bool]:
+    """An episode's verdict is its environment's (:mod:`suzak.models.episodes`): the reward, and success. ``output``
+    is the tool loop's record of the episode (its ``episode``); a text answer alone is no episode (None, False)."""
+    episode = output.get("episode") if isinstance(output, dict) else None
+    if not episode:
+        return None, False
+    return episode["reward"], bool(episode["success"])
+
+
 def box_gold(boxes: list, answer_format: str = "box", frame: dict | None = None) -> dict:
     """A grounding item's gold: its boxes in original-image pixels, the answer format its prompt asks for, and its
     :class:`suzak.media.boxes.BoxFrame` (set once the engine's model family and pixel budget are known:
@@ -217,6 +226,7 @@ SCORERS: dict[str, Scorer] = {
         Scorer("rec", "strict", "rec_accuracy", _score_rec),
         Scorer("vlm_r1_rec", "vlm_r1", None, _score_vlm_r1),
         Scorer("click", "strict", "click_accuracy", _score_click),
+        Scorer("episode", "strict", None, _score_episode),  # the environment's own reward (TRL's get_reward)
     )
 }
 
@@ -237,6 +247,7 @@ class EvalItem:
     source: str | None = None  # "file:line" of the input line, when the items come from a file
     video: Any = None  # a video file path, a list of frames or a (T, H, W, 3) array, read to the video budget
     video_fps: float | None = None  # the frame rate of a list or array of frames
+    columns: tuple = ()  # (name, value) pairs the generation row also gets: what an episode's environment resets from
 
     def where(self) -> str:
         return self.source or f"item {self.index}"
@@ -348,6 +359,7 @@ _NO_RULE = {
     ("grounding_shapes", "r1v"): "R1-V has no grounding task; VLM-R1's rule is vlm_r1",
     ("gui_click", "r1v"): "R1-V has no GUI task",
     ("gui_click", "vlm_r1"): "VLM-R1's rule reads boxes, a click is a point",
+    ("miniwob", "r1v"): "R1-V has no GUI task; an episode is scored by its environment",
 }
 
 
@@ -467,6 +479,21 @@ def _gui_click_items(prompt_path: str | None, *, template: str, num_rows: int, d
     return _box_items(gui_click(num_rows, seed=data_seed, template=template), template, None)
 
 
+def _miniwob_items(prompt_path: str | None, *, template: str, data_seed: int, miniwob_tasks: list[str] | None = None,
+                   episodes: int = 20, **_unused) -> list[EvalItem]:  # fmt: skip
+    """MiniWoB++ episodes in Chromium (:func:`suzak.data.miniwob.miniwob_rows`): ``episodes`` seeds from
+    ``data_seed`` on for each of ``miniwob_tasks``, each with its first screen; the environment scores them."""
+    from suzak.data.miniwob import miniwob_rows
+
+    items = []
+    for row in miniwob_rows(list(miniwob_tasks or ["click-button"]), episodes, start=data_seed, template=template):
+        record = {"task": row["task"], "seed": row["seed"], "utterance": row["utterance"]}
+        key = _item_key(len(items), f"{row['task']} {row['seed']} {row['utterance']}", [])
+        items.append(EvalItem(len(items), key, record, row["prompt"], dict(record), (row["image"],),
+                              columns=(("task", row["task"]), ("seed", row["seed"]))))  # fmt: skip
+    return items
+
+
 def _box_items(dataset, template: str, source: str | None) -> list[EvalItem]:
     answer_format = get_template(template).answer_format
     items = []
@@ -504,6 +531,8 @@ TASKS: dict[str, Task] = {
              "held-out procedural grounding: the named shape's box"),
         Task("gui_click", _gui_click_items, {"strict": "click"}, "click", "click", None, 16, 32,
              "held-out procedural GUI screens: a click on the named button"),
+        Task("miniwob", _miniwob_items, {"strict": "episode"}, "episode", "episode", None, 8, 512,
+             "MiniWoB++ web tasks in Chromium (--tasks, --episodes): the episode's success, acted with tools"),
     )
 }  # fmt: skip
 

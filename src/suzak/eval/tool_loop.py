@@ -38,11 +38,12 @@ from tqdm.auto import tqdm
 
 from suzak import SuzakError
 from suzak.media.boxes import with_box_frame
+from suzak.models.episodes import ScreenEnvironment
 from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ZOOM_PROBLEMS, ToolSet, with_original_image
 from suzak.scoring.parsing import completion_text, message_text
 
-__all__ = ["FAILURES", "ToolLoop", "ToolRollout", "crops_per_prompt", "tool_counts"]
+__all__ = ["FAILURES", "ToolLoop", "ToolRollout", "crops_per_prompt", "episode_counts", "tool_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +70,19 @@ class ToolRollout:
         return {**self.row, "prompt": [*self.row["prompt"], *self.messages]}
 
     def record(self, opening: str = "") -> dict:
-        """What the results keep: the scored answer, every turn as text, the calls and the failed calls by reason."""
+        """What the results keep: the scored answer, every turn as text, the calls and the failed calls by reason;
+        for an episode (:class:`suzak.models.episodes.ScreenEnvironment`) its ``episode``: reward, success and
+        actions, what the task is scored by."""
         failures = self.failures + Counter(getattr(self.environment, "problems", None) or {})
-        return {"model_output": opening + completion_text(self.messages), "turns": opening + message_text(self.messages),
-                "tool_calls": self.calls, "tool_failures": {k: v for k, v in sorted(failures.items()) if v}}  # fmt: skip
+        record = {"model_output": opening + completion_text(self.messages),
+                  "turns": opening + message_text(self.messages), "tool_calls": self.calls,
+                  "tool_failures": {k: v for k, v in sorted(failures.items()) if v}}  # fmt: skip
+        if isinstance(self.environment, ScreenEnvironment):
+            outcome = self.environment.outcome
+            record["episode"] = {"reward": float(outcome.reward), "success": bool(outcome.success),
+                                 "done": bool(outcome.done),
+                                 "steps": [step.as_dict() for step in self.environment.steps]}  # fmt: skip
+        return record
 
 
 def crops_per_prompt(max_iterations: int | None) -> int:
@@ -99,6 +109,26 @@ def tool_counts(records: Sequence[dict]) -> dict[str, Any]:
     return {"tool_calls_per_row": sum(calls) / len(calls) if calls else 0.0,
             "rows_with_calls": sum(1 for n in calls if n), "tool_calls": sum(calls),
             "failed_calls": dict(sorted(failed.items()))}  # fmt: skip
+
+
+def episode_counts(results: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """A pass's episodes by MiniWoB++ task (or ``all`` for rows without one): episodes, success rate, mean reward,
+    mean actions.
+
+    >>> episode_counts([{"question": {"task": "a"}, "episode": {"reward": 1.0, "success": True, "steps": [{}]}},
+    ...                 {"question": {"task": "a"}, "episode": {"reward": 0.0, "success": False, "steps": [{}, {}]}}])
+    {'a': {'episodes': 2, 'success_rate': 0.5, 'mean_reward': 0.5, 'mean_actions': 1.5}}
+    """
+    tasks: dict[str, list[dict]] = {}
+    for result in results:
+        episode = result.get("episode")
+        if episode is not None:
+            question = result.get("question") if isinstance(result.get("question"), dict) else {}
+            tasks.setdefault(str(question.get("task", "all")), []).append(episode)
+    return {task: {"episodes": len(found), "success_rate": sum(e["success"] for e in found) / len(found),
+                   "mean_reward": sum(e["reward"] for e in found) / len(found),
+                   "mean_actions": sum(len(e["steps"]) for e in found) / len(found)}
+            for task, found in sorted(tasks.items())}  # fmt: skip
 
 
 class ToolLoop:
