@@ -240,6 +240,15 @@ def test_grpo_trains_on_miniwob_episodes_whose_reward_reaches_the_advantages(tin
     log = next(entry for entry in trainer.state.log_history if "reward" in entry)
     assert float(log["tools/episodes"]) == float(log["tools/episode_actions"]) == len(calls)
     assert float(log["rewards/MiniWoBEnvironment/mean"]) == 0.5
+    from suzak.runs.episodes import draw_episode, episode_steps
+
+    kept = json.loads((out / "episodes" / "step-000001.json").read_text())  # the first group's best and worst
+    assert episode_steps(out) == [1] and kept["instruction"].startswith("Click on the")
+    assert [(r["rollout"] % 2, r["reward"], r["success"]) for r in kept["rollouts"]] == [(0, 1.0, True),
+                                                                                          (1, 0.0, False)]  # fmt: skip
+    assert [len(r["screens"]) for r in kept["rollouts"]] == [1, 1]  # the screen each click acted on
+    strip = draw_episode(out)
+    assert strip == out / "plots" / "episode-step-1.png" and strip.stat().st_size > 1000
 
 
 def test_suzak_eval_miniwob_scores_each_episode_by_its_environment(tiny_model_dir, tmp_path, monkeypatch):

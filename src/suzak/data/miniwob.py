@@ -215,8 +215,10 @@ class _Task:
             return env.create_action(ActionTypes.PRESS_KEY, key=keys.index(key))
         raise ToolError(f"MiniWoB++ has no action {action.kind!r}")
 
-    def screen(self) -> Image.Image:
-        assert self.observation is not None
+    def screen(self) -> Image.Image | None:
+        """The screen now; None once the episode is over (MiniWoB++ shows its cover, not the task's last state)."""
+        if self.done or self.observation is None:
+            return None
         return Image.fromarray(self.observation["screenshot"])
 
     def kill(self) -> None:
@@ -335,7 +337,7 @@ class MiniWoBEnvironment(ScreenEnvironment, Clicks, Types, Keys, Scrolls):
         reward = min(max(raw, 0.0), 1.0)
         return Outcome(done=self._task.done, reward=reward, success=self._task.done and raw >= 1.0)
 
-    def _screen(self) -> Image.Image:
+    def _screen(self) -> Image.Image | None:
         assert self._task is not None
         return self._task.screen()
 

@@ -18,7 +18,8 @@ method as a tool) and three private hooks:
   :class:`suzak.models.tools.ToolError` for one it refuses (the model reads the message), :class:`EpisodeCrashed`
   when the environment itself failed (the episode ends, counted);
 - ``_outcome() -> Outcome``: whether the episode is over and its reward so far (1 success, 0 failure, partial
-  progress between), and ``_screen() -> Image``: the current screen.
+  progress between), and ``_screen() -> Image``: the current screen (None once the episode is over, where the
+  environment shows nothing after its end).
 
 Coordinates are **in the model's frame of the screen it saw last** (:mod:`suzak.media.boxes`: relative 0-1000 for
 Qwen2-VL, Qwen3-VL and Qwen3.5, the resized image's pixels for Qwen2.5-VL), mapped back to the screen's pixels here.
@@ -62,6 +63,7 @@ from suzak import SuzakError
 from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_numbers
 from suzak.media.vision import PixelBudget, images_of
 from suzak.models.tools import ORIGINAL_IMAGE_COLUMN, ToolError, image_turn_tokens
+from suzak.scoring.prompts import question_text
 
 __all__ = [
     "ACTIONS",
@@ -154,6 +156,7 @@ class ScreenEnvironment:
         self.visual_tokens = 0
         self.outcome = Outcome(done=False, reward=0.0)
         self.final_screen: Image.Image | None = None
+        self.instruction = ""
 
     # the subclass's hooks ------------------------------------------------------------------------------------------
     def _start(self, row: dict[str, Any]) -> Image.Image:
@@ -179,6 +182,7 @@ class ScreenEnvironment:
         """Begin the row's episode. The row's image is its first screen as the model sees it; its box frame (the
         column the trainer adds) is the frame of the model's first action."""
         self.steps, self.problems, self.visual_tokens = [], Counter(), 0
+        self.instruction = str(row.get("utterance") or question_text(row.get("prompt") or ""))
         self.outcome, self.final_screen = Outcome(done=False, reward=0.0), None
         shown = row.get(ORIGINAL_IMAGE_COLUMN) or next(iter(images_of(row)), None)
         frame = row.get(BOX_FRAME_COLUMN)
@@ -247,11 +251,12 @@ class ScreenEnvironment:
             self.outcome = Outcome(done=True, reward=self.outcome.reward, success=False)
             self.final_screen = self._screen()
             return f"The episode is over: its {self.max_steps} steps are used (reward {_number(self.outcome.reward)})."
-        screen = self._screen().convert("RGB")
         if self.outcome.done:
-            self.final_screen = screen
+            final = self._screen()  # None where the environment shows nothing after its end (MiniWoB++)
+            self.final_screen = final.convert("RGB") if final is not None else None
             verdict = "success" if self.outcome.success or self.outcome.reward >= 1 else "failure"
             return f"The episode is over: {verdict} (reward {_number(self.outcome.reward)})."
+        screen = self._screen().convert("RGB")
         tokens = self._budget.tokens(screen.height, screen.width)
         cap = self.max_visual_tokens
         if cap is not None and self.visual_tokens + tokens > cap:

@@ -16,6 +16,7 @@ import csv
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +163,11 @@ def plot_run(output_dir: str | Path, out: str | Path | None = None) -> list[Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="suzak plot", description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["episode"]:
+        return _episode_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="suzak plot", description=__doc__.split("\n\n")[0],
+                                     epilog="suzak plot episode RUN [--step N]: the strip of a step's episodes")  # fmt: skip
     parser.add_argument("output_dir", help="a run's output dir (holds metrics.csv)")
     parser.add_argument("--out", help="folder for the PNGs (default: OUTPUT_DIR/plots)")
     args = parser.parse_args(argv)
@@ -173,3 +178,21 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {error}") from None
     print(f"{len(written)} plot(s) in {Path(args.out or Path(args.output_dir) / 'plots')}: "
           + ", ".join(p.name for p in written))  # fmt: skip
+
+
+def _episode_main(argv: list[str]) -> None:
+    """``suzak plot episode RUN [--step N] [--out PNG]``: the strip of the episodes a run kept at a step
+    (:func:`suzak.runs.episodes.draw_episode`)."""
+    from suzak.runs.episodes import draw_episode
+
+    parser = argparse.ArgumentParser(prog="suzak plot episode", description="draw the episodes a run kept at a step: "
+                                     "each screen, each click where it landed, each typed text under it")  # fmt: skip
+    parser.add_argument("output_dir", help="a run's output dir (holds episodes/)")
+    parser.add_argument("--step", type=int, help="the training step (default: the last one kept)")
+    parser.add_argument("--out", help="the PNG (default: OUTPUT_DIR/plots/episode-step-<N>.png)")
+    args = parser.parse_args(argv)
+    try:
+        path = draw_episode(args.output_dir, args.step, args.out)
+    except SuzakError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"episode strip: {path}")

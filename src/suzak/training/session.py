@@ -155,6 +155,7 @@ def check_trained(trainer, start_step: int) -> None:
 def _finish(trainer, release) -> None:
     """Main process, after the final save: draw the plots, say how the run's accuracy and reward moved, close
     run_info.json, publish when asked."""
+    from suzak.runs.episodes import draw_episode, episode_steps
     from suzak.runs.plots import plot_run
     from suzak.runs.progress import before_after
     from suzak.runs.record import finish_run
@@ -162,6 +163,8 @@ def _finish(trainer, release) -> None:
     output_dir = trainer.args.output_dir
     try:
         written = plot_run(output_dir)
+        if episode_steps(output_dir):  # an episode run: its last step's strip (suzak plot episode RUN --step N)
+            written.append(draw_episode(output_dir))
         logger.info("plots: %s", ", ".join(str(path) for path in written))
     except Exception as error:  # noqa: BLE001 - a plotting failure must not fail a finished run; said, not hidden
         logger.warning("plots failed (%s: %s); retry with `suzak plot %s`", type(error).__name__, error,

@@ -61,6 +61,7 @@ from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
 from suzak.models.vision_reuse import share_vision_encodings
 from suzak.runs.checkpoints import checkpoint_problem
+from suzak.runs.episodes import record_episodes
 from suzak.runs.streams import ROW_ID_COLUMNS, image_reference, row_id
 from suzak.scoring.judge import with_original_images
 from suzak.scoring.parsing import message_text
@@ -306,8 +307,12 @@ class VLMGRPOTrainer(GRPOHooks):
         """With the zoom: ``zoom_crops``, each rollout's crops as boxes of the original image's pixels (JSON; ``[]``
         when it zoomed into nothing); with an episode, ``episode_steps`` and ``episode_reward``
         (:func:`suzak.models.episodes.episode_columns`); beside each completion in ``completions.csv`` and the W&B
-        table."""
+        table. An episode run also keeps each training step's best and worst episode of its first group
+        (:func:`suzak.runs.episodes.record_episodes`, drawn by ``suzak plot episode``)."""
         if self.episode_factory is not None:
+            if self.accelerator.is_main_process and self.model.training and environments:
+                record_episodes(environments, self.num_generations, self.args.output_dir, self.state.global_step + 1,
+                                getattr(environments[0], "instruction", ""))  # fmt: skip
             return episode_columns(environments)
         if self.zoom_factory is None:
             return {}
