@@ -159,3 +159,22 @@ def test_resolve_tools_binds_an_episode_to_the_screen_budget_and_the_step_cap():
     assert resolve_tools([f"{__name__}.Doors"], budget).environment_factory.max_steps == 8
     with pytest.raises(SuzakError, match="shows screens, and this model has no vision tower"):
         resolve_tools(["miniwob"], None)
+
+
+def test_a_run_without_rewards_needs_an_environment_that_scores(tmp_path, tiny_model_dir):
+    """rewards: [] is an episode run's (its environment scores); without one it is one line, not TRL's traceback."""
+    import yaml
+
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
+
+    recipe = yaml.safe_load(open("recipes/smoke.yaml"))
+    recipe.update(rewards=[], output_dir=str(tmp_path / "run"), model_name_or_path=str(tiny_model_dir))
+    for key in ("reward_weights", "reward_kwargs"):
+        recipe.pop(key, None)
+    path = tmp_path / "norewards.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(SuzakError, match=r"rewards is empty: name at least one reward .*tools: \[miniwob\]"):
+        parse_args(["--config", str(path)])
+    with pytest.raises(SuzakError, match=r"rewards is empty and tools \(zoom\) has no environment that scores"):
+        grpo_trainer(*parse_args(["--config", str(path), "--tools", "zoom"]))

@@ -251,13 +251,11 @@ def test_grpo_trains_on_miniwob_episodes_whose_reward_reaches_the_advantages(tin
     assert strip == out / "plots" / "episode-step-1.png" and strip.stat().st_size > 1000
 
 
-def test_suzak_eval_miniwob_scores_each_episode_by_its_environment(tiny_model_dir, tmp_path, monkeypatch):
-    """`suzak eval --task miniwob`: each item an episode in Chromium, acted through the evaluation's tool loop on the
-    HF engine (a scripted turn here: the named button on even seeds, another button on odd ones), scored by
-    MiniWoB++'s verdict; the summary has a table by task."""
+def _script_the_eval_engine(monkeypatch) -> None:
+    """The evaluation's HF engine answers each episode's first turn with a click on the named button (even seeds) or
+    on another button (odd seeds), read from the episode's own browser, and "Done." after the tool's answer."""
     from suzak.eval import engine as engine_module
     from suzak.eval import tool_loop
-    from suzak.eval.runner import EvalConfig, evaluate
 
     started = {}
     start = tool_loop.ToolLoop.start
@@ -277,15 +275,49 @@ def test_suzak_eval_miniwob_scores_each_episode_by_its_environment(tiny_model_di
             environment = started[(row["task"], row["seed"])].environment
             observation = environment._task.observation
             named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
-            other = next(e["text"] for e in observation["dom_elements"] if e["tag"] == "button" and e["text"] != named)
-            x, y = environment._frame.click_point(_element_box(observation, "button", named if row["seed"] % 2 == 0
-                                                                else other))  # fmt: skip
+            others = [e["text"] for e in observation["dom_elements"] if e["tag"] == "button" and e["text"] != named]
+            frame = environment._frame
+            if row["seed"] % 2 == 0:
+                x, y = frame.click_point(_element_box(observation, "button", named))
+            elif others:
+                x, y = frame.click_point(_element_box(observation, "button", others[0]))
+            else:  # every button says the name: a wrong answer is a click on the page below them
+                x, y = frame.click_point((2, 205, 4, 207))
             texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts]
 
     monkeypatch.setattr(tool_loop.ToolLoop, "start", spy_start)
     monkeypatch.setattr(engine_module.HFEngine, "generate_ids", scripted)
+
+
+def test_the_held_out_eval_during_training_scores_episodes_by_their_environment(tiny_model_dir, tmp_path,
+                                                                                monkeypatch):  # fmt: skip
+    """eval_rows on a miniwob run: the held-out episodes run through the tool loop in Chromium, each correct when it
+    succeeded, its score its reward (not the recipe's first reward, which an episode run may not have)."""
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
+
+    _script_the_eval_engine(monkeypatch)
+    trainer = grpo_trainer(*parse_args([
+        "--config", "recipes/miniwob_smoke.yaml", "--model_name_or_path", str(tiny_model_dir),
+        "--output_dir", str(tmp_path / "run"), "--dataset_options", '{"tasks": ["click-button"], "seeds": 8}',
+        "--eval_rows", "4", "--eval_steps", "1", "--max_steps", "1"]))  # fmt: skip
+    callback = trainer.callback_handler.callbacks[0]
+    seeds = [row["seed"] for row in callback.rows]
+    accuracy, table = callback.evaluate(trainer.model, step=0)
+    assert [row[-1] for row in table] == [seed % 2 == 0 for seed in seeds]
+    assert accuracy == sum(seed % 2 == 0 for seed in seeds) / 4
+    assert callback.figures["eval/score"] == accuracy and callback.figures["eval/episode_actions"] == 1.0
+
+
+def test_suzak_eval_miniwob_scores_each_episode_by_its_environment(tiny_model_dir, tmp_path, monkeypatch):
+    """`suzak eval --task miniwob`: each item an episode in Chromium, acted through the evaluation's tool loop on the
+    HF engine (a scripted turn here: the named button on even seeds, another button on odd ones), scored by
+    MiniWoB++'s verdict; the summary has a table by task."""
+    from suzak.eval.runner import EvalConfig, evaluate
+
+    _script_the_eval_engine(monkeypatch)
     output = tmp_path / "miniwob.json"
     config = EvalConfig(task="miniwob", model_path=str(tiny_model_dir), tasks=["click-button"], episodes=4,
                         data_seed=10, output_path=str(output), min_pixels=3136, max_pixels=12544, progress=False)  # fmt: skip

@@ -152,7 +152,7 @@ def test_every_recipe_parses(recipe):
 
     parse = parse_sft_args if recipe.startswith("sft_") else parse_args
     suzak_args, args, model = parse(["--config", str(ROOT / "recipes" / recipe)])
-    assert model.model_name_or_path and suzak_args.rewards
+    assert model.model_name_or_path and (suzak_args.rewards or suzak_args.tools)  # an episode: its environment scores
     assert suzak_args.eval_rows == 0 or args.eval_steps  # an eval sample needs a cadence
 
 

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("suzak.release.export", "turn a checkpoint (DeepSpeed ZeRO, LoRA) into a plain model folder"),
     "release": ("suzak.release.publish", "write a run's release folder (model card, results) and upload it"),
     "data": ("suzak.data.builders", "build a dataset (procedural, Hub, JSONL) and write it to disk"),
-    "plot": ("suzak.runs.plots", "draw a run's training curves as PNGs"),
+    "plot": ("suzak.runs.plots", "draw a run's training curves as PNGs (plot episode RUN --step N: an episode's strip)"),
     "boxes": ("suzak.media.boxes", "a box in each Qwen family's frame, and back to pixels"),
     "lora-targets": ("suzak.models.lora_targets", "what each LoRA target matches in a model, before training"),
 }

@@ -116,6 +116,7 @@ class GenerationEvalCallback(TrainerCallback):
         rows = [with_box_frame(row, family, engine.budget) for row in self.rows]
         was_training = model.training
         model.eval()
+        episodes = None
         try:
             if self.toolset is None:
                 outputs = engine.generate(rows)
@@ -126,12 +127,20 @@ class GenerationEvalCallback(TrainerCallback):
                 records = loop.generate(rows)
                 outputs = [record["model_output"] for record in records]
                 self.figures["eval/tool_calls"] = sum(record["tool_calls"] for record in records) / len(records)
+                if records and all("episode" in record for record in records):  # scored by their environment
+                    episodes = [record["episode"] for record in records]
         finally:
             model.train(was_training)
-        scores = self._scores(rows, outputs, state)
+        if episodes is not None:  # an episode's score is its environment's reward, correct when it succeeded
+            scores = [episode["reward"] for episode in episodes]
+            verdicts = [bool(episode["success"]) for episode in episodes]
+            self.figures["eval/episode_actions"] = _mean([len(episode["steps"]) for episode in episodes])
+        else:
+            scores = self._scores(rows, outputs, state)
+            verdicts = [self._correct(row, score) for row, score in zip(rows, scores, strict=True)]
         table = [
-            [step, i, message_text(row["prompt"]), output, row.get("solution"), self._correct(row, score)]
-            for i, (row, output, score) in enumerate(zip(rows, outputs, scores, strict=True))
+            [step, i, message_text(row["prompt"]), output, row.get("solution"), verdict]
+            for i, (row, output, verdict) in enumerate(zip(rows, outputs, verdicts, strict=True))
         ]
         correct = [r[-1] for r in table]
         self._keep_means(rows, scores, correct)

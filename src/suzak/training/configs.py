@@ -663,6 +663,9 @@ def _check_tools(suzak_args: SuzakArguments, config) -> None:
 
     crop, cap = suzak_args.tool_max_pixels, suzak_args.tool_max_visual_tokens
     check_tool_settings(suzak_args.min_pixels, suzak_args.max_pixels, crop, cap)
+    if not suzak_args.rewards and not suzak_args.datasets and not suzak_args.tools:
+        raise SuzakError("rewards is empty: name at least one reward (docs/data.md#rewards), or an environment among "
+                         "tools that scores its episodes (tools: [miniwob], docs/episodes.md)")  # fmt: skip
     if "zoom_used" in suzak_args.rewards and "zoom" not in suzak_args.tools:
         raise SuzakError("--rewards zoom_used pays a rollout's zoom calls: it needs --tools zoom")
     if not suzak_args.tools and (crop is not None or cap is not None):
