@@ -122,7 +122,10 @@ def test_the_step_cap_and_the_visual_token_cap_end_an_episode():
     assert env.problems["budget"] == 1 and env.visual_tokens == 12
 
 
-def test_a_crashed_environment_ends_the_episode_and_a_diverged_first_screen_is_counted(caplog):
+def test_a_crashed_environment_ends_the_episode_and_a_diverged_first_screen_is_counted(caplog, monkeypatch):
+    from suzak.models import episodes
+
+    monkeypatch.setitem(episodes._said, "diverged", False)  # the warning is given once a process
     class Fragile(Doors):
         crash_on = "click"
 
@@ -178,3 +181,43 @@ def test_a_run_without_rewards_needs_an_environment_that_scores(tmp_path, tiny_m
         parse_args(["--config", str(path)])
     with pytest.raises(SuzakError, match=r"rewards is empty and tools \(zoom\) has no environment that scores"):
         grpo_trainer(*parse_args(["--config", str(path), "--tools", "zoom"]))
+
+
+@pytest.mark.parametrize("family", sorted(SEEN))
+def test_the_doors_episode_needs_the_second_screen_to_find_the_key(family):
+    """suzak.data.doors (the episodes self-test's task): the door's click opens the key's screen, the key's click
+    wins; the control's door opens onto a blank screen, the same rewards otherwise."""
+    from suzak.data.doors import BlankDoorsEnvironment, DoorsEnvironment, cell_point, doors_rows
+
+    factor = SEEN[family]
+    side = 2 * factor
+    budget = PixelBudget(side * side, side * side, factor=factor)
+    rows = doors_rows(40, seed=1, side=side)
+    assert {row["door"] for row in rows} == {0, 1, 2, 3} and len({(r["door"], r["key"]) for r in rows}) > 8
+    frame = BoxFrame.of(family, side, side, budget)
+
+    def to_model(cell: int) -> tuple[int, int]:
+        return frame.click_point((*cell_point(cell, side), *cell_point(cell, side)))
+
+    for environment, shows_key in ((DoorsEnvironment, True), (BlankDoorsEnvironment, False)):
+        for row in rows[:8]:
+            env = environment.bound_to(budget, max_steps=2)()
+            env.reset(**row, box_frame=frame.as_dict())
+            screen = env.click(*to_model(row["door"]))[0]["image"]
+            key_pixel = screen.getpixel(cell_point(row["key"], side))
+            assert (key_pixel == (255, 220, 0)) == shows_key and env.get_reward() == 0.5
+            wrong = (row["key"] + 1) % 4
+            assert env.click(*to_model(wrong)).startswith("The episode is over: failure") and env.get_reward() == 0.5
+            env.reset(**row, box_frame=frame.as_dict())
+            env.click(*to_model((row["door"] + 1) % 4))
+            assert env.outcome.done and env.get_reward() == 0.0  # a missed door ends it at once
+
+
+def test_the_episodes_self_test_gives_both_conditions_the_tool_and_scores_by_the_environment():
+    from suzak.selftest import TASKS, episode_corpus
+
+    spec = TASKS["episodes"]
+    assert spec.control == "blank" and spec.tools == ("suzak.data.doors.DoorsEnvironment",)
+    assert spec.control_tools == ("suzak.data.doors.BlankDoorsEnvironment",) and spec.tool_rounds == 2
+    texts = episode_corpus("qwen3_vl", repeats=1)
+    assert len(texts) == 4 and all(text.count('"name": "click"') >= 2 for text in texts)

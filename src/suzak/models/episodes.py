@@ -86,6 +86,7 @@ logger = logging.getLogger(__name__)
 ACTIONS = ("click", "type_text", "press_key", "scroll")
 SCROLL_DIRECTIONS = ("up", "down")
 # Why an action failed or an episode ended early, the keys of ScreenEnvironment.problems (tools/episode_<reason>).
+_said = {"diverged": False}  # warnings given once a process
 EPISODE_PROBLEMS = ("unparsable", "out_of_range", "refused", "over", "step_cap", "budget", "crashed", "diverged")
 
 
@@ -200,9 +201,11 @@ class ScreenEnvironment:
             return
         if first.size != shown.size or first.tobytes() != shown.convert("RGB").tobytes():
             self.problems["diverged"] += 1
-            logger.warning("episode: the environment's first screen is not the row's image (%s against %s): the model "
-                           "acts on a screen it was not shown (a dataset built from another version of the "
-                           "environment?)", first.size, shown.size)  # fmt: skip
+            if not _said["diverged"]:  # once a process; every one is counted (tools/episode_diverged)
+                _said["diverged"] = True
+                logger.warning("episode: the environment's first screen is not the row's image (%s against %s): the "
+                               "model acts on a screen it was not shown (a dataset built from another version of the "
+                               "environment?); counted as tools/episode_diverged", first.size, shown.size)  # fmt: skip
         self._current = first
 
     def get_reward(self) -> float:

@@ -70,6 +70,7 @@ from suzak.selftest.cli import main
 from suzak.selftest.color import color_dataset, first_token_reward
 from suzak.selftest.config import TASKS, SelfTestConfig
 from suzak.selftest.counting import counting_dataset
+from suzak.selftest.episodes import episode_call_prior, episode_corpus
 from suzak.selftest.grounding import grounding_dataset
 from suzak.selftest.judge import judge_task_dataset
 from suzak.selftest.mixture import mixture_dataset
@@ -89,6 +90,8 @@ __all__ = [
     "TaskSpec",
     "color_dataset",
     "counting_dataset",
+    "episode_call_prior",
+    "episode_corpus",
     "first_token_reward",
     "format_report",
     "grounding_dataset",

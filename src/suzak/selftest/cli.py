@@ -26,7 +26,7 @@ def _schedules() -> str:
     """The tasks' default steps, and what is measured otherwise for a family, for ``--steps``'s help.
 
     >>> _schedules()
-    'color 60, counting 180, grounding 120, judge 100, video 60, mixture 100, zoom 250; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6, prior_schedule cosine, tiny (vision_hidden_size 128, vision_intermediate_size 256); video on qwen3_vl: steps 150, learning_rate 1e-3'
+    'color 60, counting 180, episodes 200, grounding 120, judge 100, video 60, mixture 100, zoom 250; grounding on qwen3_vl: group (32, 8), learning_rate 2e-3, beta 0.6, prior_schedule cosine, tiny (vision_hidden_size 128, vision_intermediate_size 256); video on qwen3_vl: steps 150, learning_rate 1e-3'
     """
     text = ", ".join(f"{name} {spec.steps}" for name, spec in TASKS.items())
     for name, spec in TASKS.items():
@@ -46,10 +46,10 @@ def _number(value) -> str:
 
 
 def _controls() -> list[str]:
-    """The tasks' own control conditions beside shuffled and grey images (zoom's no_tool, judge's judge_grey).
+    """The tasks' own control conditions beside shuffled and grey images (zoom's no_tool, judge's judge_grey, episodes' blank).
 
     >>> _controls()
-    ['judge_grey', 'no_tool']
+    ['blank', 'judge_grey', 'no_tool']
     """
     return sorted({spec.control for spec in TASKS.values()} - {"shuffled", "grey"})
 
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
                         "blue (the video path); grounding: a box around the named shape, mean IoU; mixture: colour "
                         "squares and video clips in one run, each source scored by its own reward and judged on its "
                         "own rows; zoom: a colour only a crop shows, multi-turn with the zoom tool against a no-tool "
-                        "control; judge: the colour task rewarded only by a tiny judge model that sees the square, "
+                        "control; episodes: a door then a key, two clicks, against a control whose door opens onto a "
+                        "blank screen (not passing yet: docs/episodes.md); judge: the colour task rewarded only by a tiny judge model that sees the square, "
                         "against a control whose judge sees a grey one")  # fmt: skip
     parser.add_argument("--family", choices=list(SELFTEST_FAMILIES), default=DEFAULT_FAMILY,
                         help=f"the tiny model's Qwen VL generation (default {DEFAULT_FAMILY})")  # fmt: skip

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from suzak.selftest.config import SelfTestConfig
 
 __all__ = [
+    "ToolTurns",
     "answer_rows",
     "cached_prior",
     "keep_prior",
@@ -28,6 +29,7 @@ __all__ = [
     "prior_key",
     "sft_prior",
     "shared_prior",
+    "tool_prior",
     "train_prior",
 ]
 
@@ -44,6 +46,56 @@ def answer_rows(rows, answers) -> list[dict]:
     return [{"prompt": row["prompt"], "image": row["image"],
              "completion": [{"role": "assistant", "content": str(answer)}]}
             for row, answer in zip(rows, answers, strict=True)]  # fmt: skip
+
+
+class ToolTurns:
+    """A tool prior's rows (:func:`tool_prior`): each conversation rendered with the tools' schemas (TRL's SFT collator
+    for VL models passes no ``tools`` to the template), its last turn the completion.
+
+    >>> turns = ToolTurns(None, [], "zoom prior")
+    >>> turns.after("<s>a", "<s>ab")
+    'b'
+    """
+
+    def __init__(self, processor, tools: list[dict], what: str):
+        self.processor, self.tools, self.what = processor, tools, what
+        self.rows: list[dict] = []
+
+    def render(self, messages: list[dict], **kwargs) -> str:
+        return self.processor.apply_chat_template(messages, tools=self.tools, tokenize=False, **kwargs)
+
+    def after(self, prefix: str, text: str) -> str:
+        if not text.startswith(prefix):
+            from suzak import SuzakError
+
+            raise SuzakError(f"{self.what}: the chat template does not render the conversation's turns as prefixes")
+        return text[len(prefix) :]
+
+    def add(self, messages: list[dict], completion: dict, images: list) -> None:
+        """A row: ``messages`` as the prompt (with the generation prompt), ``completion`` the turn it learns."""
+        prompt = self.render(messages, add_generation_prompt=True)
+        self.rows.append({"prompt": prompt, "images": images,
+                          "completion": self.after(prompt, self.render([*messages, completion]))})  # fmt: skip
+
+
+def tool_prior(model, processor, rows: list[dict], steps: int, output_dir: Path, *, batch_size: int,
+               learning_rate: float, lr_scheduler_type: str, seed: int) -> None:  # fmt: skip
+    """``steps`` SFT steps (TRL's SFTTrainer, fp32, completion-only loss) on a tool prior's ``rows``
+    ({prompt, images, completion} as :class:`ToolTurns` makes them), in place on ``model``."""
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    from suzak.trl_internals.precision import score_labelled_positions_only
+
+    args = SFTConfig(output_dir=str(output_dir / "prior"), seed=seed, max_steps=steps,
+                     per_device_train_batch_size=batch_size, learning_rate=learning_rate,
+                     lr_scheduler_type=lr_scheduler_type, completion_only_loss=True, save_strategy="no",
+                     report_to="none", use_cpu=model.device.type == "cpu", disable_tqdm=True, logging_steps=steps,
+                     bf16=False, gradient_checkpointing=False)  # fmt: skip
+    score_labelled_positions_only()  # TRL's SFTTrainer, not suzak's: its fused LM head scores the completions only
+    SFTTrainer(
+        model=model, args=args, train_dataset=datasets.Dataset.from_list(rows), processing_class=processor
+    ).train()
 
 
 def sft_prior(

@@ -63,14 +63,15 @@ def train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path
     model = AutoModelForImageTextToText.from_pretrained(prior or model_dir)
     budget, video_budget = config.budgets(processor)
     toolset, crops = None, budget.for_crops(budget.max_pixels)  # crops at the whole image's budget
-    if spec.tools and images != spec.control:  # the zoom task's aligned run: the tool, its template and parser
+    names = spec.control_tools if images == spec.control else spec.tools  # zoom's control: none; episodes': blank
+    if names:  # the tool, its template and parser
         from suzak.media.vision import configure_processor
         from suzak.models.tool_calling import prepare_tool_calling
         from suzak.models.tools import resolve_tools
 
         prepare_tool_calling(processor, model.config.model_type)
         configure_processor(processor, budget)
-        toolset = resolve_tools(list(spec.tools), crops)
+        toolset = resolve_tools(list(names), crops, max_steps=spec.tool_rounds)
     kept = priors.prior_folder(config, model_dir, images) if prior is None and spec.prior_steps else None
     if kept is not None:
         prior = priors.cached_prior(kept, images)  # its folder is TRL's reference model, as below
@@ -93,7 +94,7 @@ def train(config: SelfTestConfig, model_dir: Path, images: str, output_dir: Path
         temperature=config.temperature, beta=spec.beta, loss_type=config.loss_type,
         logging_steps=1, save_strategy="no", report_to="none", bf16=False, gradient_checkpointing=False,
         use_cpu=config.device == "cpu", disable_tqdm=True, **vllm_settings(config),
-        **({"max_tool_calling_iterations": 1} if toolset else {}),
+        **({"max_tool_calling_iterations": spec.tool_rounds} if toolset else {}),
     )  # fmt: skip
     rewards, weights, figure = config.task_module.rewards(config, processor.tokenizer)
     args.reward_weights = weights
@@ -261,13 +262,18 @@ def heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> 
     # each row as training puts it to the model: boxes in the question (zoom) and the answer's frame (grounding)
     rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
     trainer.model.eval()
+    records: list[dict] = []
     if toolset is None:
         outputs = engine.generate(rows)
     else:
         from suzak.eval.tool_loop import ToolLoop
 
-        outputs = [r["model_output"] for r in ToolLoop(engine, toolset, max_iterations=1).generate(rows)]
-    scores = config.task_module.score(config, outputs, rows)
+        records = ToolLoop(engine, toolset, max_iterations=config.spec.tool_rounds).generate(rows)
+        outputs = [r["model_output"] for r in records]
+    if toolset is not None and records and all("episode" in r for r in records):  # scored by the environment
+        scores = [float(r["episode"]["success"]) for r in records]
+    else:
+        scores = config.task_module.score(config, outputs, rows)
     parts = {source: [s for s, row in zip(scores, rows, strict=True) if row["source"] == source]
              for source in config.spec.sources} or {"": scores}  # fmt: skip
     return {part: statistics.fmean(values) for part, values in parts.items()}, unsuppressed_tokens(trainer, engine)
@@ -294,7 +300,10 @@ def run_selftest(config: SelfTestConfig, conditions: tuple[str, ...] | None = No
     torch.manual_seed(config.seed)
     with tempfile.TemporaryDirectory(prefix="suzak-selftest-") as tmp:
         # vLLM's CPU attention needs head_dim >= 32; the grounding task learns faster on that shape with HF too
-        corpus = zoom_corpus(config.family) if spec.tools else []  # the tool format in the tiny vocabulary
+        corpus = []  # the tool format in the tiny vocabulary: the task's own text, or the zoom's
+        if spec.tools:
+            task_corpus = getattr(config.task_module, "corpus", None)
+            corpus = task_corpus(config.family) if task_corpus else zoom_corpus(config.family)
         tiny = TinyConfig.shaped(config.family, for_vllm=config.vllm or spec.vllm_shape, extra_corpus=corpus,
                                  **spec.tiny)  # fmt: skip
         model_dir = build_tiny_model(Path(tmp) / "model", tiny)

@@ -53,6 +53,8 @@ class TaskSpec:
     temperature: float = 1.0  # GRPO's sampling temperature
     prior_schedule: str = "constant"  # the prior's learning-rate schedule
     tools: tuple[str, ...] = ()  # the aligned run's tools (suzak.models.tools.resolve_tools); its control has none
+    control_tools: tuple[str, ...] = ()  # the control's own tools where it has some (episodes: the blank screens')
+    tool_rounds: int = 1  # TRL's max_tool_calling_iterations (an episode's actions)
     control: str = "shuffled"  # the control condition: shuffled (or grey) images, or no_tool (same images, no tools)
     rows: int | None = None  # training rows (None: SelfTestConfig.rows)
     tiny: dict[str, int] = field(default_factory=dict)  # the tiny model's sizes where the task's differ (TinyConfig)

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from suzak import SuzakError
 from suzak.media.vision import PixelBudget, family_factors
-from suzak.selftest.priors import answer_rows, sft_prior
+from suzak.selftest.priors import ToolTurns, answer_rows, sft_prior, tool_prior
 from suzak.selftest.spec import NO_TOOL, TaskSpec, register
 
 if TYPE_CHECKING:
@@ -125,53 +124,29 @@ def zoom_call_prior(model, processor, budget: PixelBudget, rows: list[dict], ste
     Prompts are rendered text with the tools' schemas (TRL's SFT collator for VL models passes no ``tools`` to the
     template), the row's image fitted to ``budget`` and the crop as the images; the processor must already carry the
     tool template (:func:`suzak.models.tool_calling.prepare_tool_calling`)."""
-    import datasets
     from transformers.utils import get_json_schema
-    from trl import SFTConfig, SFTTrainer
 
     from suzak.data.zoom import CHECKS
     from suzak.media.boxes import model_answer, with_box_frame
     from suzak.models.tools import ZOOM, ZoomEnvironment, with_original_image
-    from suzak.trl_internals.precision import score_labelled_positions_only
 
     zoom = ZoomEnvironment(crops or budget)
-    tools = [get_json_schema(zoom.zoom)]
+    turns = ToolTurns(processor, [get_json_schema(zoom.zoom)], "zoom prior")
     words = np.random.default_rng(seed).choice(sorted(CHECKS), len(rows))
-
-    def render(messages: list[dict], **kwargs) -> str:
-        return processor.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
-
-    def after(prefix: str, text: str) -> str:
-        if not text.startswith(prefix):
-            raise SuzakError("zoom prior: the chat template does not render the conversation's turns as prefixes")
-        return text[len(prefix) :]
-
-    sft = []
     for i, row in enumerate(rows):
         framed = with_box_frame(row, model.config.model_type, budget)
         box = json.loads(model_answer({**framed, "solution": json.dumps(row["question_boxes"][0])}))["bbox_2d"]
-        called = [*framed["prompt"], {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": ZOOM, "arguments": {"bbox_2d": box}}}]}]  # fmt: skip
-        prompt = render(framed["prompt"], add_generation_prompt=True)
+        call = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": ZOOM, "arguments": {"bbox_2d": box}}}]}  # fmt: skip
         if not answers or i % 2 == 0:
-            sft.append({"prompt": prompt, "images": [budget.fit(row["image"])],
-                        "completion": after(prompt, render(called))})  # fmt: skip
+            turns.add(framed["prompt"], call, [budget.fit(row["image"])])
             continue
         zoom.reset(**with_original_image(framed))
         crop = zoom.zoom(box)[0]["image"]
-        looked = [*called, {"role": "tool", "name": ZOOM, "content": [{"type": "image"}]}]
-        turn = render(looked, add_generation_prompt=True)
-        answered = render([*looked, {"role": "assistant", "content": str(words[i])}])
-        sft.append({"prompt": turn, "images": [budget.fit(row["image"]), crop], "completion": after(turn, answered)})
-    args = SFTConfig(output_dir=str(output_dir / "prior"), seed=seed, max_steps=steps,
-                     per_device_train_batch_size=batch_size, learning_rate=learning_rate,
-                     lr_scheduler_type=lr_scheduler_type, completion_only_loss=True, save_strategy="no",
-                     report_to="none", use_cpu=model.device.type == "cpu", disable_tqdm=True, logging_steps=steps,
-                     bf16=False, gradient_checkpointing=False)  # fmt: skip
-    score_labelled_positions_only()  # TRL's SFTTrainer, not suzak's: its fused LM head scores the completions only
-    SFTTrainer(
-        model=model, args=args, train_dataset=datasets.Dataset.from_list(sft), processing_class=processor
-    ).train()
+        looked = [*framed["prompt"], call, {"role": "tool", "name": ZOOM, "content": [{"type": "image"}]}]
+        turns.add(looked, {"role": "assistant", "content": str(words[i])}, [budget.fit(row["image"]), crop])
+    tool_prior(model, processor, turns.rows, steps, output_dir, batch_size=batch_size, learning_rate=learning_rate,
+               lr_scheduler_type=lr_scheduler_type, seed=seed)
 
 
 def datasets(config: SelfTestConfig, images: str, cache_dir: Path, factor: int):
