@@ -226,6 +226,9 @@ class _Task:
         Chromium it started and Chromium's own children, recorded when it opened: a driver that died leaves them
         orphaned)."""
         env, self._env = self._env, None
+        # a call still hung in the worker thread must not hold up the next browser's calls: a new worker for them
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"miniwob-{self.task}")
         if env is None:
             return
         driver = getattr(getattr(getattr(env.unwrapped.instance, "driver", None), "service", None), "process", None)
@@ -247,7 +250,7 @@ class _Task:
         self._tree = []
     def close(self) -> None:
         self.kill()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)  # (kill's fresh worker, never used)
 
 
 def _descendants(pid: int) -> list[int]:
