@@ -187,7 +187,7 @@ def test_a_run_without_rewards_needs_an_environment_that_scores(tmp_path, tiny_m
 def test_the_doors_episode_needs_the_second_screen_to_find_the_key(family):
     """suzak.data.doors (the episodes self-test's task): the door's click opens the key's screen, the key's click
     wins; the control's door opens onto a blank screen, the same rewards otherwise."""
-    from suzak.data.doors import BlankDoorsEnvironment, DoorsEnvironment, cell_point, doors_rows
+    from suzak.data.doors import BlankDoorsEnvironment, DoorsEnvironment, cell_box, cell_point, doors_rows
 
     factor = SEEN[family]
     side = 2 * factor
@@ -197,7 +197,7 @@ def test_the_doors_episode_needs_the_second_screen_to_find_the_key(family):
     frame = BoxFrame.of(family, side, side, budget)
 
     def to_model(cell: int) -> tuple[int, int]:
-        return frame.click_point((*cell_point(cell, side), *cell_point(cell, side)))
+        return frame.click_point(cell_box(cell, side))
 
     for environment, shows_key in ((DoorsEnvironment, True), (BlankDoorsEnvironment, False)):
         for row in rows[:8]:
@@ -221,3 +221,33 @@ def test_the_episodes_self_test_gives_both_conditions_the_tool_and_scores_by_the
     assert spec.control_tools == ("suzak.data.doors.BlankDoorsEnvironment",) and spec.tool_rounds == 2
     texts = episode_corpus("qwen3_vl", repeats=1)
     assert len(texts) == 4 and all(text.count('"name": "click"') >= 2 for text in texts)
+
+
+class ScoresItself:
+    """A user's environment class (not a ScreenEnvironment) that scores its rollouts."""
+
+    def reset(self, **row):
+        return None
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+def test_an_environment_scores_its_rollouts_when_it_has_get_reward_and_a_missing_hook_fails_at_once():
+    budget = PixelBudget(784, 12544, factor=28)
+    assert resolve_tools(["miniwob"], budget).scores_rollouts
+    assert resolve_tools([f"{__name__}.ScoresItself"], budget).scores_rollouts  # a plain class, by dotted path
+    assert not resolve_tools(["zoom"], budget).scores_rollouts
+
+    class NoScreen(ScreenEnvironment, Clicks):
+        def _start(self, row):
+            return Image.new("RGB", (8, 8))
+
+        def _perform(self, action):
+            pass
+
+        def _outcome(self):
+            return Outcome(done=False, reward=0.0)
+
+    with pytest.raises(TypeError, match="_screen"):  # when TRL makes its first one, before any rollout
+        NoScreen.bound_to(budget)()

@@ -29,7 +29,7 @@ from PIL import Image, ImageDraw
 from suzak.models.episodes import Action, Clicks, Outcome, ScreenEnvironment
 from suzak.scoring.prompts import episode_prompt
 
-__all__ = ["BlankDoorsEnvironment", "CELLS", "DoorsEnvironment", "INSTRUCTION", "cell_of", "cell_point", "doors_rows",
+__all__ = ["BlankDoorsEnvironment", "CELLS", "DoorsEnvironment", "INSTRUCTION", "cell_box", "cell_of", "cell_point", "doors_rows",
            "draw_cell"]  # fmt: skip
 
 GRID = 2
@@ -42,9 +42,8 @@ def draw_cell(cell: int | None, side: int, colour: tuple[int, int, int]) -> Imag
     """A ``side``-pixel square screen, its 2x2 cell ``cell`` (0-3, row by row) filled with ``colour`` (None: blank)."""
     image = Image.new("RGB", (side, side), BACKGROUND)
     if cell is not None:
-        size = side // GRID
-        left, top = (cell % GRID) * size, (cell // GRID) * size
-        ImageDraw.Draw(image).rectangle((left, top, left + size - 1, top + size - 1), fill=colour)
+        left, top, right, bottom = cell_box(cell, side)
+        ImageDraw.Draw(image).rectangle((left, top, right - 1, bottom - 1), fill=colour)
     return image
 
 
@@ -55,10 +54,18 @@ def cell_of(x: float, y: float, side: int) -> int:
     return row * GRID + column
 
 
+def cell_box(cell: int, side: int) -> tuple[int, int, int, int]:
+    """``cell``'s box [left, top, right, bottom] in a ``side``-pixel screen's pixels (what a click must land in; the
+    model's point for it: ``BoxFrame.click_point(cell_box(...))``)."""
+    size = side // GRID
+    left, top = (cell % GRID) * size, (cell // GRID) * size
+    return left, top, left + size, top + size
+
+
 def cell_point(cell: int, side: int) -> tuple[int, int]:
     """The centre of ``cell`` in a ``side``-pixel screen's pixels."""
-    size = side // GRID
-    return (cell % GRID) * size + size // 2, (cell // GRID) * size + size // 2
+    left, top, right, bottom = cell_box(cell, side)
+    return (left + right) // 2, (top + bottom) // 2
 
 
 def doors_rows(num_rows: int, seed: int = 0, side: int = 56, template: str = "episode") -> list[dict[str, Any]]:

@@ -17,9 +17,11 @@ task's own timer is set to ``time_limit_s`` (default 600 s) instead of its 10-30
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
@@ -146,8 +148,6 @@ class _Task:
             self.kill()
             raise EpisodeCrashed(f"MiniWoB++ {self.task}: the browser did not answer {what} within "
                                  f"{self.timeout_s:g} s; killed, a new one starts with the next episode") from None  # fmt: skip
-        except EpisodeCrashed:
-            raise
         except Exception as error:  # a dead driver, a page that did not load: the browser is not to be trusted
             self.kill()
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -156,11 +156,9 @@ class _Task:
     def _open(self):
         from miniwob.reward import get_raw_reward
 
-        binary, driver = browser_paths()
-        os.environ[CHROME_ENV[0]], os.environ[CHROME_ENV[1]] = binary, driver
+        os.environ[CHROME_ENV[0]], os.environ[CHROME_ENV[1]] = browser_paths()
         env = _gym().make(f"{MINIWOB}/{self.task}-v1", reward_processor=get_raw_reward)
-        driver = env.unwrapped.instance.driver
-        pid = driver.service.process.pid
+        pid = env.unwrapped.instance.driver.service.process.pid
         self._tree = [pid, *_descendants(pid)]
         return env
 
@@ -170,8 +168,7 @@ class _Task:
                 self._env = self._open()
             driver = self._env.unwrapped.instance.driver  # the task's own timer, read as each episode starts
             driver.execute_script(f"core.EPISODE_MAX_TIME = {int(self.time_limit_s * 1000)};")
-            observation, info = self._env.reset(seed=int(seed))
-            return observation, info
+            return self._env.reset(seed=int(seed))
 
         self.observation, self.info = self._call("reset", run)
         self.done, self.raw_reward = False, 0.0
@@ -180,12 +177,8 @@ class _Task:
     def step(self, action: Action) -> None:
         if self._env is None:
             raise EpisodeCrashed(f"MiniWoB++ {self.task}: no browser is running")
-        miniwob_action = self._action(action)
-
-        def run():
-            return self._env.step(miniwob_action)
-
-        observation, reward, terminated, _truncated, info = self._call(action.kind, run)
+        observation, reward, terminated, _truncated, info = self._call(action.kind, self._env.step,
+                                                                       self._action(action))  # fmt: skip
         self.info = info
         self.done = bool(terminated)
         self.raw_reward = float(reward)
@@ -232,9 +225,7 @@ class _Task:
         if env is None:
             return
         driver = getattr(getattr(getattr(env.unwrapped.instance, "driver", None), "service", None), "process", None)
-        tree = set(self._tree)
-        if driver is not None:
-            tree |= {driver.pid, *_descendants(driver.pid)}
+        tree = set(self._tree) | ({driver.pid} if driver is not None else set())
         for pid in list(tree):  # before the quit, which orphans Chromium's children as it ends
             tree |= set(_descendants(pid))
         closer = threading.Thread(target=env.close, daemon=True)
@@ -243,10 +234,8 @@ class _Task:
         for pid in tree:
             _kill_browser_process(pid)
         if driver is not None:  # this process's child: reaped, not left a zombie
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # (one that outlives SIGKILL is the kernel's to end)
                 driver.wait(timeout=5)
-            except Exception:  # noqa: BLE001 (a driver that outlives SIGKILL is the kernel's to end)
-                pass
         self._tree = []
     def close(self) -> None:
         self.kill()
@@ -276,10 +265,8 @@ def _kill_browser_process(pid: int) -> None:
     except OSError:
         return
     if name.startswith(("chromedriver", "chromium", "chrome")):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _key_name(name: str, keys: Sequence[str]) -> str | None:

@@ -39,7 +39,7 @@ from suzak.eval.tasks import (
     resolve_template,
     score_rules,
 )
-from suzak.eval.tool_loop import ToolLoop, crops_per_prompt, episode_counts, tool_counts
+from suzak.eval.tool_loop import ToolLoop, crops_per_prompt, episode_counts, episodes_of, tool_counts
 from suzak.media.boxes import FRAMES, BoxFrame, put_question_boxes, question_boxes_of
 from suzak.media.video import VideoBudgetArguments
 from suzak.media.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, PixelBudget, patch_factor
@@ -191,6 +191,7 @@ class EvalConfig(VideoBudgetArguments):
                 raise SuzakError(f"--tasks/--episodes are miniwob's; {self.task} has its own items")
             return
         from suzak.data.miniwob import check_tasks, miniwob_tasks
+        from suzak.models.episodes import DEFAULT_MAX_STEPS
 
         self.tasks = [name for text in self.tasks for name in text.split(",") if name]  # a,b or a b
         if self.tasks == ["list"]:
@@ -200,7 +201,7 @@ class EvalConfig(VideoBudgetArguments):
             raise SuzakError(f"--episodes must be at least 1, got {self.episodes}")
         self.tools = self.tools or ["miniwob"]
         if self.max_tool_calling_iterations is None:
-            self.max_tool_calling_iterations = 8
+            self.max_tool_calling_iterations = DEFAULT_MAX_STEPS
 
     def _check_tools(self) -> None:
         """The tool flags, as training checks its recipe's (:func:`suzak.models.tools.check_tool_settings`), and the tools'
@@ -539,7 +540,7 @@ def run_pass(task: Task, items: list[EvalItem], engine, output_path: Path, setti
             result.other_correct = sum(r[rule_flag(other)] for r in results)
         if tools is not None:
             result.extra["tools"] = tool_counts(results)
-            if any("episode" in r for r in results):
+            if episodes_of(results) is not None:
                 result.extra["episodes"] = episode_counts(results)
     state.wait_for_everyone()
     return result

@@ -43,7 +43,7 @@ from suzak.models.tool_calling import prepare_tool_calling
 from suzak.models.tools import ZOOM_PROBLEMS, ToolSet, with_original_image
 from suzak.scoring.parsing import completion_text, message_text
 
-__all__ = ["FAILURES", "ToolLoop", "ToolRollout", "crops_per_prompt", "episode_counts", "tool_counts"]
+__all__ = ["FAILURES", "ToolLoop", "ToolRollout", "crops_per_prompt", "episode_counts", "episodes_of", "tool_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,18 @@ def tool_counts(records: Sequence[dict]) -> dict[str, Any]:
     return {"tool_calls_per_row": sum(calls) / len(calls) if calls else 0.0,
             "rows_with_calls": sum(1 for n in calls if n), "tool_calls": sum(calls),
             "failed_calls": dict(sorted(failed.items()))}  # fmt: skip
+
+
+def episodes_of(records: Sequence[dict]) -> list[dict] | None:
+    """Each record's ``episode`` (:meth:`ToolRollout.record`) when every record is an episode's, which its environment
+    scores; None otherwise (answers, scored by a reward).
+
+    >>> episodes_of([{"episode": {"reward": 1.0}}]), episodes_of([{"model_output": "4"}]), episodes_of([])
+    ([{'reward': 1.0}], None, None)
+    """
+    if not records or not all("episode" in record for record in records):
+        return None
+    return [record["episode"] for record in records]
 
 
 def episode_counts(results: Sequence[dict]) -> dict[str, dict[str, float]]:

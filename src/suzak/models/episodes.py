@@ -52,6 +52,7 @@ suzak.models.tools.ToolError: click: the episode is over; answer without another
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ from suzak.scoring.prompts import question_text
 
 __all__ = [
     "ACTIONS",
+    "DEFAULT_MAX_STEPS",
     "EPISODE_PROBLEMS",
     "Action",
     "Clicks",
@@ -84,9 +86,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ACTIONS = ("click", "type_text", "press_key", "scroll")
+DEFAULT_MAX_STEPS = 8  # an episode's actions when the run sets no max_tool_calling_iterations
 SCROLL_DIRECTIONS = ("up", "down")
-# Why an action failed or an episode ended early, the keys of ScreenEnvironment.problems (tools/episode_<reason>).
 _said = {"diverged": False}  # warnings given once a process
+# Why an action failed or an episode ended early, the keys of ScreenEnvironment.problems (tools/episode_<reason>).
 EPISODE_PROBLEMS = ("unparsable", "out_of_range", "refused", "over", "step_cap", "budget", "crashed", "diverged")
 
 
@@ -133,7 +136,7 @@ class Step:
                 "problem": self.problem}  # fmt: skip
 
 
-class ScreenEnvironment:
+class ScreenEnvironment(ABC):
     """One rollout's episode (TRL's ``environment_factory`` protocol: ``reset(**row)``, ``get_reward()``, one public
     method per action). ``budget``: the pixel budget of each new screen (bound to the model's patch factor: min
     pixels as training's, max pixels ``tool_max_pixels``); ``max_steps``: the actions an episode may take;
@@ -142,7 +145,7 @@ class ScreenEnvironment:
     ``steps`` (:class:`Step`), ``problems`` (a Counter of :data:`EPISODE_PROBLEMS`), ``visual_tokens``, ``outcome`` and
     ``final_screen`` describe the episode since the last reset."""
 
-    def __init__(self, budget: PixelBudget, max_steps: int = 8, max_visual_tokens: int | None = None):
+    def __init__(self, budget: PixelBudget, max_steps: int = DEFAULT_MAX_STEPS, max_visual_tokens: int | None = None):
         if budget.factor is None:
             raise ValueError("an episode's screens need the model's patch factor (PixelBudget.for_model)")
         if max_steps < 1:
@@ -159,24 +162,25 @@ class ScreenEnvironment:
         self.final_screen: Image.Image | None = None
         self.instruction = ""
 
-    # the subclass's hooks ------------------------------------------------------------------------------------------
-    def _start(self, row: dict[str, Any]) -> Image.Image:
-        raise NotImplementedError
+    # the subclass's hooks (the module's docstring) ------------------------------------------------------------------------------------------
+    @abstractmethod
+    def _start(self, row: dict[str, Any]) -> Image.Image: ...
 
-    def _perform(self, action: Action) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _perform(self, action: Action) -> None: ...
 
-    def _outcome(self) -> Outcome:
-        raise NotImplementedError
+    @abstractmethod
+    def _outcome(self) -> Outcome: ...
 
-    def _screen(self) -> Image.Image:
-        raise NotImplementedError
+    @abstractmethod
+    def _screen(self) -> Image.Image | None: ...
 
     @classmethod
-    def bound_to(cls, budget: PixelBudget, max_steps: int = 8, max_visual_tokens: int | None = None,
+    def bound_to(cls, budget: PixelBudget, max_steps: int | None = None, max_visual_tokens: int | None = None,
                  **options: Any) -> EpisodeFactory:  # fmt: skip
-        """This environment's ``environment_factory`` for a run: its screen budget, step cap and visual-token cap."""
-        return EpisodeFactory(cls, budget, max_steps, max_visual_tokens, options)
+        """This environment's ``environment_factory`` for a run: its screen budget, step cap (None:
+        :data:`DEFAULT_MAX_STEPS`) and visual-token cap."""
+        return EpisodeFactory(cls, budget, max_steps or DEFAULT_MAX_STEPS, max_visual_tokens, options)
 
     # TRL's protocol --------------------------------------------------------------------------------------------------
     def reset(self, **row: Any) -> None:
@@ -242,16 +246,12 @@ class ScreenEnvironment:
             self.problems["refused"] += 1
             raise ToolError(f"{kind}: {refusal}") from None
         except EpisodeCrashed as crash:
-            step.problem = "crashed"
-            self.problems["crashed"] += 1
             logger.warning("episode: the environment failed during %s (%s); the episode ends", kind, crash)
-            self.outcome = Outcome(done=True, reward=self.outcome.reward, success=False)
+            self._stop(step, "crashed")
             return f"The screen is gone (the environment failed: {crash}); the episode is over."
         self.outcome = self._outcome()
         if not self.outcome.done and len(self.steps) >= self.max_steps:
-            step.problem = "step_cap"
-            self.problems["step_cap"] += 1
-            self.outcome = Outcome(done=True, reward=self.outcome.reward, success=False)
+            self._stop(step, "step_cap")
             self.final_screen = self._screen()
             return f"The episode is over: its {self.max_steps} steps are used (reward {_number(self.outcome.reward)})."
         if self.outcome.done:
@@ -263,9 +263,7 @@ class ScreenEnvironment:
         tokens = self._budget.tokens(screen.height, screen.width)
         cap = self.max_visual_tokens
         if cap is not None and self.visual_tokens + tokens > cap:
-            step.problem = "budget"
-            self.problems["budget"] += 1
-            self.outcome = Outcome(done=True, reward=self.outcome.reward, success=False)
+            self._stop(step, "budget")
             self.final_screen = screen
             return (f"The episode is over: its screens may show {cap} visual tokens and the next one would pass them "
                     f"(reward {_number(self.outcome.reward)}).")  # fmt: skip
@@ -273,6 +271,12 @@ class ScreenEnvironment:
         self._current = screen
         self._frame = BoxFrame.of(self._frame.family, screen.width, screen.height, self._budget)
         return [{"type": "image", "image": self._budget.fit(screen)}]
+
+    def _stop(self, step: Step, reason: str) -> None:
+        """End the episode early at ``step`` for ``reason`` (counted), with its reward so far, not a success."""
+        step.problem = reason
+        self.problems[reason] += 1
+        self.outcome = Outcome(done=True, reward=self.outcome.reward, success=False)
 
     def _fail(self, kind: str, reason: str, message: str):
         self.problems[reason] += 1
@@ -340,7 +344,7 @@ class EpisodeFactory:
 
     environment: type
     budget: PixelBudget
-    max_steps: int = 8
+    max_steps: int = DEFAULT_MAX_STEPS
     max_visual_tokens: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     episode = True  # what suzak.models.tools.resolve_tools reads: an environment factory

@@ -195,6 +195,17 @@ class ToolSet:
     tools: list[Callable] = field(default_factory=list)
     environment_factory: Callable[[], Any] | None = None
 
+    @property
+    def scores_rollouts(self) -> bool:
+        """Whether the environment scores its own rollouts (TRL's ``get_reward``: an episode's, or a user's
+        environment class that defines one), so a run may name no reward.
+
+        >>> ToolSet().scores_rollouts, resolve_tools(["zoom"], PixelBudget(factor=28)).scores_rollouts
+        (False, False)
+        """
+        environment = getattr(self.environment_factory, "environment", self.environment_factory)
+        return callable(getattr(environment, "get_reward", None))
+
     def trainer_kwargs(self) -> dict[str, Any]:
         """``tools`` and ``environment_factory`` for ``GRPOTrainer`` (nothing when the run has no tools)."""
         kwargs: dict[str, Any] = {}
@@ -213,7 +224,7 @@ def resolve_tools(
     (:data:`ENVIRONMENTS`) or dotted paths ``pkg.module.name`` to a function (a stateless tool) or a class with
     ``reset`` (an environment; one per run). An episode's environment (a :class:`suzak.models.episodes.
     ScreenEnvironment`) gets ``crop_budget`` for its screens, ``max_visual_tokens`` over them and ``max_steps``
-    actions (TRL's ``max_tool_calling_iterations``; 8 when unset).
+    actions (TRL's ``max_tool_calling_iterations``; the environment's default when unset).
 
     >>> resolve_tools([], None).trainer_kwargs()
     {}
@@ -257,7 +268,7 @@ def _episode_factory(name: str, found: Any, budget: PixelBudget | None, max_visu
         return found
     if budget is None or budget.factor is None:
         raise SuzakError(f"tools: {name} shows screens, and this model has no vision tower (no pixel budget)")
-    return binder(budget, max_steps if max_steps else 8, max_visual_tokens)
+    return binder(budget, max_steps, max_visual_tokens)
 
 
 def check_tool_settings(

@@ -121,14 +121,13 @@ class GenerationEvalCallback(TrainerCallback):
             if self.toolset is None:
                 outputs = engine.generate(rows)
             else:
-                from suzak.eval.tool_loop import ToolLoop
+                from suzak.eval.tool_loop import ToolLoop, episodes_of
 
                 loop = ToolLoop(engine, self.toolset, self.max_tool_calling_iterations)
                 records = loop.generate(rows)
                 outputs = [record["model_output"] for record in records]
                 self.figures["eval/tool_calls"] = sum(record["tool_calls"] for record in records) / len(records)
-                if records and all("episode" in record for record in records):  # scored by their environment
-                    episodes = [record["episode"] for record in records]
+                episodes = episodes_of(records)  # an episode is scored by its environment
         finally:
             model.train(was_training)
         if episodes is not None:  # an episode's score is its environment's reward, correct when it succeeded

@@ -115,12 +115,22 @@ def is_async(reward: Callable) -> bool:
 
 
 def reads_rollout(reward: Callable) -> bool:
-    """True for a reward marked by ``_reads_rollout`` (also through recipe kwargs and wrappers).
+    """True for a reward marked by ``_reads_rollout`` (also through recipe kwargs and wrappers), or one that takes
+    TRL's ``environments`` (the rollouts' environments: an environment's own ``get_reward`` as TRL wraps it, a user's
+    reward of an episode): it scores the rollout, not an answer.
 
     >>> reads_rollout(zoom_used), reads_rollout(routed(zoom_used, "a")), reads_rollout(word_match)
     (True, True, False)
+    >>> reads_rollout(lambda environments, **kwargs: [1.0])
+    True
     """
-    return bool(getattr(base_reward(reward), "reads_rollout", False))
+    base = base_reward(reward)
+    if getattr(base, "reads_rollout", False):
+        return True
+    try:
+        return "environments" in inspect.signature(base).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def is_judge(reward: Callable) -> bool:

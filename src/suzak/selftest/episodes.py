@@ -46,12 +46,11 @@ SPEC = register("episodes", __name__, TaskSpec(
 ))  # fmt: skip
 
 
-def _cell_point_in_frame(cell: int, side: int, frame) -> tuple[int, int]:
-    from suzak.data.doors import GRID
+def _cell_click(cell: int, side: int, frame) -> tuple[int, int]:
+    """The model's point for a click on ``cell`` of a ``side``-pixel screen seen in ``frame``."""
+    from suzak.data.doors import cell_box
 
-    size = side // GRID
-    left, top = (cell % GRID) * size, (cell // GRID) * size
-    return frame.click_point((left, top, left + size, top + size))
+    return frame.click_point(cell_box(cell, side))
 
 
 def episode_corpus(family: str, repeats: int = 4) -> list[str]:
@@ -76,7 +75,7 @@ def episode_corpus(family: str, repeats: int = 4) -> list[str]:
     tools = [get_json_schema(DoorsEnvironment.bound_to(PixelBudget(factor=family_factors()[family]))().click)]
     factor = family_factors()[family]
     frame = BoxFrame.of(family, 4 * factor, 4 * factor, PixelBudget(factor * factor, factor * factor, factor=factor))
-    points = [_cell_point_in_frame(cell, 4 * factor, frame) for cell in range(CELLS)]  # the task's screens' clicks
+    points = [_cell_click(cell, 4 * factor, frame) for cell in range(CELLS)]  # the task's screens' clicks
     texts = []
     for cell in range(CELLS):
         first, second = points[cell], points[(cell + 1) % CELLS]
@@ -110,13 +109,13 @@ def episode_call_prior(model, processor, budget: PixelBudget, environment: type,
         framed = with_box_frame(row, family, budget)
         frame = BoxFrame.from_dict(framed[BOX_FRAME_COLUMN])
         side = row["image"].width
-        clicks = [_click(_cell_point_in_frame(int(cell), side, frame)) for cell in rng.integers(0, CELLS, 2)]
+        clicks = [_click(_cell_click(int(cell), side, frame)) for cell in rng.integers(0, CELLS, 2)]
         env = environment.bound_to(budget, max_steps=2)()
         env.reset(**framed)
         turn = i % 3
         messages, images = list(framed["prompt"]), [budget.fit(row["image"])]
         if turn >= 1:  # the door opened (the screen after it is the condition's: the key's, or blank)
-            door = _cell_point_in_frame(int(row["door"]), side, frame)
+            door = _cell_click(int(row["door"]), side, frame)
             images.append(env.click(*door)[0]["image"])
             messages += [_click(door), {"role": "tool", "name": "click", "content": [{"type": "image"}]}]
         if turn == 2:

@@ -262,16 +262,17 @@ def heldout(trainer, config: SelfTestConfig, rows: list[dict], toolset=None) -> 
     # each row as training puts it to the model: boxes in the question (zoom) and the answer's frame (grounding)
     rows = [with_box_frame(row, trainer.model_type, trainer.pixel_budget) for row in rows]
     trainer.model.eval()
-    records: list[dict] = []
+    episodes = None
     if toolset is None:
         outputs = engine.generate(rows)
     else:
-        from suzak.eval.tool_loop import ToolLoop
+        from suzak.eval.tool_loop import ToolLoop, episodes_of
 
         records = ToolLoop(engine, toolset, max_iterations=config.spec.tool_rounds).generate(rows)
         outputs = [r["model_output"] for r in records]
-    if toolset is not None and records and all("episode" in r for r in records):  # scored by the environment
-        scores = [float(r["episode"]["success"]) for r in records]
+        episodes = episodes_of(records)
+    if episodes is not None:  # an episode is scored by its environment: success
+        scores = [float(episode["success"]) for episode in episodes]
     else:
         scores = config.task_module.score(config, outputs, rows)
     parts = {source: [s for s, row in zip(scores, rows, strict=True) if row["source"] == source]

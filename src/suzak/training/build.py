@@ -165,8 +165,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         grpo_args.reward_weights = inputs.reward_weights
     toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
                             suzak_args.tool_max_visual_tokens, grpo_args.max_tool_calling_iterations)  # fmt: skip
-    scores = getattr(getattr(toolset.environment_factory, "environment", None), "get_reward", None)
-    if not inputs.rewards and scores is None:
+    if not inputs.rewards and not toolset.scores_rollouts:
         raise SuzakError(f"rewards is empty and tools ({', '.join(toolset.names)}) has no environment that scores its "
                          "episodes (get_reward): name at least one reward")  # fmt: skip
     data = training_data(suzak_args, grpo_args, inputs)

@@ -56,17 +56,6 @@ __all__ = ["RowProblem", "check_answer_opening", "check_vllm_bounds", "precheck"
 logger = logging.getLogger(__name__)
 
 
-def _reads_environments(reward: Callable) -> bool:
-    """Whether a reward takes TRL's ``environments`` (the rollouts' environments: an environment's own ``get_reward``
-    as TRL wraps it, or a user's reward of the episode), which the pre-flight's ideal answers cannot call."""
-    import inspect
-
-    try:
-        return "environments" in inspect.signature(reward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def preflight(
     dataset: Iterable[dict],
     reward_funcs: list[Callable],
@@ -82,7 +71,7 @@ def preflight(
     (every dataset column as a keyword list), with plain-string and with conversational completions. A reward with
     weight 0 is skipped. A mismatch between rewards and prompt template otherwise shows up only as a flat reward
     curve hours later; here it raises ``SuzakError`` at once. A reward of the rollout rather than the answer
-    (:func:`suzak.scoring.rewards.reads_rollout`, e.g. ``zoom_used``, or one that takes TRL's ``environments``, e.g. an
+    (:func:`suzak.scoring.rewards.reads_rollout`: ``zoom_used``, or one that takes TRL's ``environments``, e.g. an
     episode's own reward) is skipped. ``opening``: the chat template's opening of the
     assistant turn that the rewards read each completion after (``opening_in_completion``); the completions checked
     are then what the model writes after it (:func:`suzak.scoring.prompts.after_opening`).
@@ -98,8 +87,7 @@ def preflight(
     weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     if len(weights) != len(reward_funcs):
         raise SuzakError(f"{len(weights)} reward weights for {len(reward_funcs)} reward functions")
-    checked = [f for f, w in zip(reward_funcs, weights, strict=True)
-               if w != 0 and not reads_rollout(f) and not _reads_environments(f)]  # fmt: skip
+    checked = [f for f, w in zip(reward_funcs, weights, strict=True) if w != 0 and not reads_rollout(f)]
     if not checked:  # an environment scores the rollouts (an episode's reward): no answer to check
         return
     if checked and all(is_judge(f) for f in checked) and not _has_gold(dataset):
