@@ -24,7 +24,7 @@ from transformers import HfArgumentParser
 from suzak import SuzakError
 from suzak.eval.report import format_accuracy, mean_std
 from suzak.eval.rescore import JSON_KEYS, rescore_file
-from suzak.eval.runner import EvalConfig, evaluate
+from suzak.eval.runner import EvalConfig, Listing, evaluate
 from suzak.eval.tasks import SCORING_RULES, TASKS
 
 __all__ = ["build_parser", "build_rescore_parser", "main", "rescore_main"]
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None, task: str | None = None) -> None:
     try:
         (config,) = parser.parse_args_into_dataclasses(_task_first(argv) if task is None else argv)
         report = evaluate(config)
+    except Listing as listing:
+        print(listing)
+        return
     except SuzakError as error:
         raise SystemExit(f"error: {error}") from None
     except KeyboardInterrupt:

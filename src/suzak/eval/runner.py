@@ -64,6 +64,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+class Listing(Exception):  # noqa: N818 (an answer, not an error)
+    """A flag asked for a list (``--tasks list``): its text is the answer, printed, and the command ends there."""
+
+
 @dataclass
 class EvalConfig(VideoBudgetArguments):
     """Everything one evaluation needs; ``None`` means the task's R1-V default (``suzak.eval.tasks.TASKS``).
@@ -195,7 +199,7 @@ class EvalConfig(VideoBudgetArguments):
 
         self.tasks = [name for text in self.tasks for name in text.split(",") if name]  # a,b or a b
         if self.tasks == ["list"]:
-            raise SuzakError("MiniWoB++ ships: " + ", ".join(miniwob_tasks()))
+            raise Listing("MiniWoB++ ships: " + ", ".join(miniwob_tasks()))
         self.tasks = check_tasks(self.tasks or ["click-button"])
         if self.episodes < 1:
             raise SuzakError(f"--episodes must be at least 1, got {self.episodes}")
