@@ -331,7 +331,9 @@ def test_suzak_eval_miniwob_scores_each_episode_by_its_environment(tiny_model_di
     assert report.greedy.accuracy == 50.0
     assert report.greedy.extra["episodes"]["click-button"] == {"episodes": 4, "success_rate": 0.5, "mean_reward": 0.5,
                                                                "mean_actions": 1.0}  # fmt: skip
-    assert "| greedy | click-button | 4 | 50.0% | 0.500 | 1.00 |" in output.with_suffix(".md").read_text()
+    summary = output.with_suffix(".md").read_text()
+    assert "| greedy | click-button | 4 | 50.0% | 0.500 | 1.00 |" in summary
+    assert "Scoring: each episode by its environment" in summary and "parser" not in summary
 
 
 def test_tasks_list_prints_the_tasks_and_ends(capsys):

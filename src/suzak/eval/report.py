@@ -159,6 +159,11 @@ def scoring_note(rules: list[str], task: str) -> str:
     from suzak.eval.tasks import SCORING_RULES, TASKS
 
     first, *others = rules
+    if task in TASKS and TASKS[task].scorers.get(first) == "episode":  # no answer to parse: the environment scores
+        return (
+            "Scoring: each episode by its environment; the results file's `accuracy` is the share of episodes "
+            f"won (success), beside each one's reward and actions. {task} has no R1-V scoring rule."
+        )
     text = f"Scoring: **{first}** ({SCORING_RULES[first]}) is the results file's `accuracy`"
     text += "".join(f"; {rule} is {SCORING_RULES[rule]}" for rule in others) + "."
     if "r1v" not in rules:
