@@ -356,3 +356,162 @@ def test_bad_miniwob_eval_flags_are_one_line(tmp_path, flags, message):
         EvalConfig(task="miniwob", model_path="tiny", **flags)
     with pytest.raises(SuzakError, match="--tasks/--episodes are miniwob's"):
         EvalConfig(task="gsm8k", model_path="tiny", tasks=["click-button"])
+
+
+def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_sources_tools(tiny_model_dir, tmp_path,
+                                                                                             monkeypatch):  # fmt: skip
+    """recipes/miniwob_mixture_smoke.yaml: a source of MiniWoB++ episodes (its own tools: the browser) beside
+    single-turn clicks on app screens (no tools). Each row acts with its source's tools only: the episodes' prompts
+    hold the tools' turn and their calls act in Chromium, scored by MiniWoB++ alone; the clicks' prompts have no
+    tools' turn, a call there is a tool error, and click_accuracy alone scores them. The held-out eval answers each
+    source as training does: the episodes through the tool loop, scored by their environment, the clicks in one turn,
+    scored by their reward."""
+    import math
+
+    import torch
+
+    from suzak.eval import engine as engine_module
+    from suzak.eval import tool_loop
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
+
+    out = tmp_path / "run"
+    trainer = grpo_trainer(*parse_args([
+        "--config", "recipes/miniwob_mixture_smoke.yaml", "--model_name_or_path", str(tiny_model_dir),
+        "--output_dir", str(out), "--per_device_train_batch_size", "16", "--max_steps", "1",
+        "--eval_rows", "2", "--eval_steps", "1", "--log_completions", "true"]))  # fmt: skip
+    tokenizer = trainer.processing_class.tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompts, advantages = {}, []
+
+    def scripted(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        texts = []
+        for i, ids in enumerate(prompt_ids):
+            environment = trainer.environments[i]
+            if num_generations == 1:  # TRL's turn after a tool's answer: stop
+                texts.append("Done.")
+                continue
+            episode = isinstance(environment, MiniWoBEnvironment)
+            prompts.setdefault(episode, []).append(tokenizer.decode(ids))
+            if not episode:  # a click row calls the browser's tool: it has none
+                texts.append('<tool_call>\n{"name": "click", "arguments": {"x": 1, "y": 1}}\n</tool_call>')
+                continue
+            observation = environment._task.observation
+            named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
+            buttons = [e["text"] for e in observation["dom_elements"] if e["tag"] == "button"]
+            target = named if i % 2 == 0 else next(text for text in buttons if text != named)
+            x, y = environment._frame.click_point(_element_box(observation, "button", target))
+            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+        return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts], None
+
+    trainer._generate_single_turn = scripted
+    score = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        batch = score(inputs)
+        advantages.append(batch["advantages"])
+        return batch
+
+    trainer._generate_and_score_completions = spy
+    rollouts = []
+    trainer.completion_listeners.append(rollouts.extend)
+    trainer.callback_handler.callbacks[0].eval_steps = 10**6  # the held-out eval is called below
+    trainer.train()
+    assert set(prompts) == {True, False}  # both sources in the batch
+    assert all("<tools>" in text for text in prompts[True]) and not any("<tools>" in text for text in prompts[False])
+    episodes = [row for row in rollouts if row["source"] == "episodes"]
+    clicks = [row for row in rollouts if row["source"] == "clicks"]
+    assert len(episodes) + len(clicks) == 16 and episodes and clicks
+    assert [float(row["reward/MiniWoBEnvironment"]) for row in episodes] == [1.0, 0.0] * (len(episodes) // 2)
+
+    def unscored(value) -> bool:  # TRL's "this reward does not score the row": NaN, logged empty
+        return value in ("", None) or math.isnan(float(value))
+
+    assert all(unscored(row["reward/clicks/click_accuracy"]) for row in episodes)
+    assert all(len(json.loads(row["episode_steps"])) == 1 for row in episodes)
+    assert all(float(row["reward/clicks/click_accuracy"]) == 0.0 for row in clicks)
+    assert all(unscored(row["reward/MiniWoBEnvironment"]) and row["episode_steps"] == "" for row in clicks)
+    assert all("Tool click not found" in row["completion"] for row in clicks)
+    signs = torch.tensor([1.0, -1.0] * (len(episodes) // 2))
+    assert torch.equal(advantages[0][[i for i, row in enumerate(rollouts) if row["source"] == "episodes"]].sign(),
+                       signs)  # fmt: skip
+    log = next(entry for entry in trainer.state.log_history if "reward" in entry)
+    assert float(log["tools/episodes"]) == float(log["tools/episode_actions"]) == len(episodes)
+
+    started, answered = {}, []
+    start = tool_loop.ToolLoop.start
+
+    def spy_start(self, row):
+        started[(row["task"], row["seed"])] = rollout = start(self, row)
+        return rollout
+
+    def answers(self, batch, prompts, temperature, seed):
+        texts = []
+        for row, prompt in zip(batch, prompts, strict=True):
+            answered.append((row["source"], "<tools>" in prompt))
+            if row["source"] == "clicks":  # one turn: the point of the gold box's centre
+                x1, y1, x2, y2 = json.loads(row["solution"])
+                x, y = BoxFrame.from_dict(row["box_frame"]).click_point((x1, y1, x2, y2))
+                texts.append(f'{{"point_2d": [{x}, {y}]}}')
+            elif row["prompt"][-1]["role"] != "user":
+                texts.append("Done.")
+            else:  # the named button: won
+                environment = started[(row["task"], row["seed"])].environment
+                observation = environment._task.observation
+                named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
+                x, y = environment._frame.click_point(_element_box(observation, "button", named))
+                texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+        return [self.processing_class.tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts]
+
+    monkeypatch.setattr(tool_loop.ToolLoop, "start", spy_start)
+    monkeypatch.setattr(engine_module.HFEngine, "generate_ids", answers)
+    callback = trainer.callback_handler.callbacks[0]
+    accuracy, table = callback.evaluate(trainer.model, step=1)
+    assert sorted({row.get("source") for row in callback.rows}) == ["clicks", "episodes"]
+    assert accuracy == 1.0 and all(row[-1] for row in table)
+    assert callback.figures["eval/episodes/accuracy"] == callback.figures["eval/clicks/accuracy"] == 1.0
+    assert callback.figures["eval/episode_actions"] == 1.0 and callback.figures["eval/tool_calls"] == 1.0
+    assert {("clicks", False), ("episodes", True)} == set(answered)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"tools": ["miniwob"]}, r"^tools: miniwob for the whole run, and the mixture's sources name their own"),
+    ({"datasets": [{"name": "a", "dataset": "color_squares", "tools": ["zoom"], "rewards": []}]},
+     r"^datasets\[0\] \('a'\): no rewards, and its tools \(zoom\) have no environment that scores its episodes"),
+    ({"datasets": [{"name": "a", "dataset": "color_squares", "tools": ["suzak.scoring.rewards.is_async"],
+                    "rewards": ["word_match"]}]},
+     r"^datasets\[0\] \('a'\): tools suzak.scoring.rewards.is_async: a source's tools are one environment"),
+    ({"datasets": [{"name": "a", "dataset": "color_squares", "tools": ["nowhere.tool"], "rewards": ["word_match"]}]},
+     r"^datasets\[0\] \('a'\): cannot import tool 'nowhere.tool'"),
+])  # fmt: skip
+def test_a_mixtures_bad_tools_are_one_line_before_any_row_or_weight_loads(tiny_model_dir, tmp_path, change, message):
+    """Tools per source, checked before the rows are built (no browser starts) and before the weights load."""
+    import yaml
+
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
+
+    recipe = yaml.safe_load(open("recipes/miniwob_mixture_smoke.yaml")) | change
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    before = _browsers()
+    with pytest.raises(SuzakError, match=message):
+        grpo_trainer(*parse_args(["--config", str(path), "--model_name_or_path", str(tiny_model_dir)]))
+    assert _browsers() <= before
+
+
+def test_sft_on_a_mixture_with_an_episode_source_is_one_line(tiny_model_dir, tmp_path):
+    """An episode has no gold answer to learn: `suzak sft` names the source and stops, before any row is built."""
+    import yaml
+
+    from suzak.training.build import sft_trainer
+    from suzak.training.configs import parse_sft_args
+
+    mixture = yaml.safe_load(open("recipes/miniwob_mixture_smoke.yaml"))["datasets"]
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump({"datasets": mixture, "use_cpu": True, "bf16": False}))
+    before = _browsers()
+    with pytest.raises(SuzakError, match=r"^datasets\[1\] \('episodes'\): tools: suzak sft trains gold answers"):
+        sft_trainer(*parse_sft_args(["--config", str(path), "--model_name_or_path", str(tiny_model_dir),
+                                     "--output_dir", str(tmp_path / "sft")]))  # fmt: skip
+    assert _browsers() <= before

@@ -105,6 +105,7 @@ def test_each_sources_rewards_score_only_its_rows():
                                      "reward names"),
     ({"name": "my source"}, r"datasets\[0\] \('my source'\): name 'my source' names metric columns "
                             r"\(sources/<name>/...\): letters, digits, '_' and '-' only"),
+    ({"tools": [3]}, r"datasets\[0\] \('colour'\): tools \[3\] must be a list of tool names"),
 ])  # fmt: skip
 def test_a_bad_source_is_one_line_naming_it(change, message):
     with pytest.raises(SuzakError, match=message):

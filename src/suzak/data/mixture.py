@@ -71,6 +71,7 @@ class Source:
     eval_correct_at: float | None = None  # its held-out answers' threshold (None: its first reward's own)
     min_pixels: int | None = None  # this source's pixel budget (OCR and screens want more than geometry)
     max_pixels: int | None = None
+    tools: tuple[str, ...] = ()  # this source's environment (an episode's, the zoom): its rows alone act with it
     share: float = 0.0  # worked out by parse_sources: weight / sum of weights
 
     @property
@@ -104,11 +105,11 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
     >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": ["accuracy"], "wieght": 2}])
     Traceback (most recent call last):
     ...
-    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, eval_correct_at, min_pixels, max_pixels
+    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, eval_correct_at, min_pixels, max_pixels, tools
     >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": []}])
     Traceback (most recent call last):
     ...
-    suzak.SuzakError: datasets[0] ('a'): no rewards: each source names the rewards that score its rows
+    suzak.SuzakError: datasets[0] ('a'): no rewards: each source names the rewards that score its rows (or, with tools, an environment that scores its episodes)
     >>> parse_sources([{"name": "a", "dataset": "x.jsonl", "rewards": ["iou"]},
     ...                {"name": "a", "dataset": "y.jsonl", "rewards": ["iou"]}])
     Traceback (most recent call last):
@@ -130,7 +131,8 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
         where = _where(index, entry)
         _check_entry(where, entry, seen)
         seen[entry["name"]] = index
-        rewards, reward_weights, kwargs = _rewards_of(where, entry)
+        tools = _tools_of(where, entry)
+        rewards, reward_weights, kwargs = _rewards_of(where, entry, scored_by_tools=bool(tools))
         options = entry.get("options") or {}
         if not isinstance(options, Mapping):
             raise SuzakError(f"{where}: options must be a mapping of the builder's options, got {options!r}")
@@ -139,7 +141,7 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
             rewards=rewards, reward_weights=reward_weights, reward_kwargs=kwargs,
             prompt_template=entry.get("prompt_template") or default_template, eval_rows=entry.get("eval_rows"),
             eval_correct_at=entry.get("eval_correct_at"), min_pixels=entry.get("min_pixels"),
-            max_pixels=entry.get("max_pixels"),
+            max_pixels=entry.get("max_pixels"), tools=tools,
         ))  # fmt: skip
     total = sum(source.weight for source in sources)
     return [Source(**source.settings, share=source.weight / total) for source in sources]
@@ -186,9 +188,30 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _rewards_of(where: str, entry: Mapping) -> tuple[tuple[str, ...], tuple[float, ...] | None, dict]:
+def _tools_of(where: str, entry: Mapping) -> tuple[str, ...]:
+    """An entry's ``tools``: a list of names (:func:`suzak.models.tools.resolve_tools` resolves them when the run is
+    built, knowing the model's budget).
+
+    >>> _tools_of("datasets[0] ('a')", {"tools": "miniwob"}), _tools_of("datasets[0] ('a')", {})
+    (('miniwob',), ())
+    >>> _tools_of("datasets[0] ('a')", {"tools": [3]})
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): tools [3] must be a list of tool names (zoom, miniwob or dotted paths)
+    """
+    tools = entry.get("tools") or []
+    tools = [tools] if isinstance(tools, str) else tools
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(name, str) and name for name in tools):
+        raise SuzakError(f"{where}: tools {tools!r} must be a list of tool names (zoom, miniwob or dotted paths)")
+    return tuple(tools)
+
+
+def _rewards_of(where: str, entry: Mapping, *, scored_by_tools: bool = False
+                ) -> tuple[tuple[str, ...], tuple[float, ...] | None, dict]:  # fmt: skip
     """(rewards, reward weights or None, reward kwargs) of an entry, each a list, numbers or mappings as the recipe
-    must write them; anything else is one line naming the entry, not a traceback further on.
+    must write them; anything else is one line naming the entry, not a traceback further on. No rewards only where
+    the source has tools (``scored_by_tools``), whose environment must then score its episodes (checked when the run
+    is built: :func:`suzak.models.tools.source_tools`).
 
     >>> _rewards_of("datasets[0] ('a')", {"rewards": ["iou"], "reward_weights": 0.5})
     Traceback (most recent call last):
@@ -204,8 +227,9 @@ def _rewards_of(where: str, entry: Mapping) -> tuple[tuple[str, ...], tuple[floa
     if not isinstance(rewards, (list, tuple)) or not all(isinstance(name, str) and name for name in rewards):
         raise SuzakError(f"{where}: rewards {rewards!r} must be a list of reward names (registry names or dotted "
                          "paths)")  # fmt: skip
-    if not rewards:
-        raise SuzakError(f"{where}: no rewards: each source names the rewards that score its rows")
+    if not rewards and not scored_by_tools:
+        raise SuzakError(f"{where}: no rewards: each source names the rewards that score its rows (or, with tools, "
+                         "an environment that scores its episodes)")  # fmt: skip
     named = ", ".join(rewards)
     weights = entry.get("reward_weights")
     if weights is not None:

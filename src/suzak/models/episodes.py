@@ -384,14 +384,15 @@ class EpisodeFactory:
 
 def episode_columns(environments: list) -> dict[str, list]:
     """Each rollout's episode beside its completion (``completions.csv``, the W&B table): ``episode_steps`` (JSON:
-    each action, the model's point, the screen's point, its text, its problem) and ``episode_reward``."""
+    each action, the model's point, the screen's point, its text, its problem) and ``episode_reward``; a mixture's
+    rollouts of other sources get ``""`` and None there ({} when no rollout is an episode's)."""
     import json
 
-    episodes = [e for e in environments if isinstance(e, ScreenEnvironment)]
-    if not episodes or len(episodes) != len(environments):
+    if not any(isinstance(e, ScreenEnvironment) for e in environments):
         return {}
-    return {"episode_steps": [json.dumps([step.as_dict() for step in e.steps]) for e in episodes],
-            "episode_reward": [e.get_reward() for e in episodes]}  # fmt: skip
+    episodes = [e if isinstance(e, ScreenEnvironment) else None for e in environments]
+    return {"episode_steps": [json.dumps([step.as_dict() for step in e.steps]) if e else "" for e in episodes],
+            "episode_reward": [e.get_reward() if e else None for e in episodes]}  # fmt: skip
 
 
 def _number(value: float) -> int | float:

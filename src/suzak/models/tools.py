@@ -52,8 +52,10 @@ from suzak.media.boxes import BOX_FRAME_COLUMN, BoxFrame, box_numbers
 from suzak.media.vision import PixelBudget, images_of
 
 __all__ = [
+    "ENVIRONMENT_COLUMN",
     "ORIGINAL_IMAGE_COLUMN",
     "ENVIRONMENTS",
+    "NoTools",
     "ZOOM",
     "ZOOM_PROBLEMS",
     "ToolError",
@@ -63,6 +65,7 @@ __all__ = [
     "check_tool_settings",
     "image_turn_tokens",
     "resolve_tools",
+    "source_tools",
     "with_original_image",
 ]
 
@@ -186,34 +189,116 @@ def _extent(frame: BoxFrame) -> str:
     return f"0-{top_x}" if top_x == top_y else f"0-{top_x} (x) and 0-{top_y} (y)"
 
 
+ENVIRONMENT_COLUMN = "environment"  # TRL's: a row's environment, by name, when environment_factory is a dict
+
+
+class NoTools:
+    """The environment of a mixture's row whose source has no tools (TRL's dict ``environment_factory`` names one for
+    every row): it offers no tool, so the row's prompt has no tools' turn and its rollout is one turn, as without
+    tools."""
+
+    def reset(self, **kwargs) -> None:
+        return None
+
+
 @dataclass
 class ToolSet:
     """A run's tools as TRL takes them: ``tools`` (stateless functions) and ``environment_factory`` (None or a
-    callable making one environment per rollout)."""
+    callable making one environment per rollout); a mixture whose sources name their own tools has one ToolSet per
+    source in ``by_source`` (:func:`source_tools`), each row acting with its source's."""
 
     names: list[str] = field(default_factory=list)
     tools: list[Callable] = field(default_factory=list)
     environment_factory: Callable[[], Any] | None = None
+    by_source: dict[str, ToolSet] = field(default_factory=dict)  # source name -> its tools (a tool-less one: empty)
 
     @property
     def scores_rollouts(self) -> bool:
         """Whether the environment scores its own rollouts (TRL's ``get_reward``: an episode's, or a user's
-        environment class that defines one), so a run may name no reward.
+        environment class that defines one), so a run may name no reward (a mixture: some source's does).
 
         >>> ToolSet().scores_rollouts, resolve_tools(["zoom"], PixelBudget(factor=28)).scores_rollouts
         (False, False)
         """
+        if self.by_source:
+            return any(toolset.scores_rollouts for toolset in self.by_source.values())
         environment = getattr(self.environment_factory, "environment", self.environment_factory)
         return callable(getattr(environment, "get_reward", None))
 
+    @property
+    def factories(self) -> list[Callable[[], Any]]:
+        """Every environment factory of the run (a mixture's, source by source)."""
+        toolsets = list(self.by_source.values()) or [self]
+        return [toolset.environment_factory for toolset in toolsets if toolset.environment_factory is not None]
+
+    def for_source(self, source: str | None) -> ToolSet:
+        """The tools a row of ``source`` acts with: its source's own where the mixture's sources have some (a
+        tool-less source's: none), else the run's."""
+        return self.by_source.get(source, ToolSet()) if self.by_source else self
+
     def trainer_kwargs(self) -> dict[str, Any]:
-        """``tools`` and ``environment_factory`` for ``GRPOTrainer`` (nothing when the run has no tools)."""
+        """``tools`` and ``environment_factory`` for ``GRPOTrainer`` (nothing when the run has no tools); a mixture
+        with tools per source: TRL's dict of environments by source name (each row names its own in
+        :data:`ENVIRONMENT_COLUMN`, the trainer's ``prepare_batch``), :class:`NoTools` for the tool-less sources.
+
+        >>> toolset = source_tools([_Source("colour"), _Source("zoomed", tools=("zoom",))], PixelBudget(factor=28))
+        >>> factories = toolset.trainer_kwargs()["environment_factory"]
+        >>> factories["colour"] is NoTools, type(factories["zoomed"]).__name__
+        (True, 'ZoomFactory')
+        """
+        if self.by_source:
+            return {"environment_factory": {name: toolset.environment_factory or NoTools
+                                            for name, toolset in self.by_source.items()}}  # fmt: skip
         kwargs: dict[str, Any] = {}
         if self.tools:
             kwargs["tools"] = list(self.tools)
         if self.environment_factory is not None:
             kwargs["environment_factory"] = self.environment_factory
         return kwargs
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A mixture source as :func:`source_tools` reads it (:class:`suzak.data.mixture.Source` has these fields too)."""
+
+    name: str
+    tools: tuple[str, ...] = ()
+    rewards: tuple[str, ...] = ("accuracy",)
+
+
+def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_visual_tokens: int | None = None,
+                 max_steps: int | None = None) -> ToolSet:  # fmt: skip
+    """A mixture's tools where its sources name their own (``datasets[i].tools``): each source's an environment (an
+    episode's, the zoom, a class with ``reset``) resolved as :func:`resolve_tools` resolves a run's, with the run's
+    screen budget and caps; its rows alone act with it. A source without rewards needs an environment that scores
+    its episodes. Each mistake is one line naming the source.
+
+    >>> source_tools([_Source("a", tools=("suzak.scoring.rewards.is_async",))], PixelBudget(factor=28))
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): tools suzak.scoring.rewards.is_async: a source's tools are one environment (zoom, miniwob or a class with reset); plain tool functions go in the recipe's tools, for every source
+    >>> source_tools([_Source("a", tools=("zoom",), rewards=())], PixelBudget(factor=28))
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): no rewards, and its tools (zoom) have no environment that scores its episodes (get_reward): name at least one reward
+    """
+    by_source: dict[str, ToolSet] = {}
+    for index, source in enumerate(sources):
+        where = f"datasets[{index}] ({source.name!r})"
+        try:
+            toolset = resolve_tools(list(source.tools), crop_budget, max_visual_tokens, max_steps)
+        except SuzakError as error:
+            raise SuzakError(f"{where}: {error}") from None
+        if toolset.tools:
+            raise SuzakError(f"{where}: tools {', '.join(source.tools)}: a source's tools are one environment (zoom, "
+                             "miniwob or a class with reset); plain tool functions go in the recipe's tools, for "
+                             "every source")  # fmt: skip
+        if source.tools and not source.rewards and not toolset.scores_rollouts:
+            raise SuzakError(f"{where}: no rewards, and its tools ({', '.join(source.tools)}) have no environment "
+                             "that scores its episodes (get_reward): name at least one reward")  # fmt: skip
+        by_source[source.name] = toolset
+    names = list(dict.fromkeys(name for toolset in by_source.values() for name in toolset.names))
+    return ToolSet(names=names, by_source=by_source)
 
 
 def resolve_tools(

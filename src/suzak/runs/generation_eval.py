@@ -25,9 +25,11 @@ import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformers import TrainerCallback
 
+from suzak import SuzakError
 from suzak.media.boxes import with_box_frame
 from suzak.media.video import VideoBudget
 from suzak.media.vision import PixelBudget
@@ -116,27 +118,21 @@ class GenerationEvalCallback(TrainerCallback):
         rows = [with_box_frame(row, family, engine.budget) for row in self.rows]
         was_training = model.training
         model.eval()
-        episodes = None
         try:
-            if self.toolset is None:
-                outputs = engine.generate(rows)
-            else:
-                from suzak.eval.tool_loop import ToolLoop, episodes_of
-
-                loop = ToolLoop(engine, self.toolset, self.max_tool_calling_iterations)
-                records = loop.generate(rows)
-                outputs = [record["model_output"] for record in records]
-                self.figures["eval/tool_calls"] = sum(record["tool_calls"] for record in records) / len(records)
-                episodes = episodes_of(records)  # an episode is scored by its environment
+            outputs, episodes = self._answer(engine, rows)
         finally:
             model.train(was_training)
-        if episodes is not None:  # an episode's score is its environment's reward, correct when it succeeded
-            scores = [episode["reward"] for episode in episodes]
-            verdicts = [bool(episode["success"]) for episode in episodes]
-            self.figures["eval/episode_actions"] = _mean([len(episode["steps"]) for episode in episodes])
-        else:
-            scores = self._scores(rows, outputs, state)
-            verdicts = [self._correct(row, score) for row, score in zip(rows, scores, strict=True)]
+        scores: list = [None] * len(rows)
+        verdicts: list = [None] * len(rows)
+        for i, episode in episodes.items():  # an episode's score is its environment's reward, correct when it succeeded
+            scores[i], verdicts[i] = episode["reward"], bool(episode["success"])
+        if episodes:
+            self.figures["eval/episode_actions"] = _mean([len(episode["steps"]) for episode in episodes.values()])
+        answered = [i for i in range(len(rows)) if i not in episodes]
+        if answered:
+            found = self._scores([rows[i] for i in answered], [outputs[i] for i in answered], state)
+            for i, score in zip(answered, found, strict=True):
+                scores[i], verdicts[i] = score, self._correct(rows[i], score)
         table = [
             [step, i, message_text(row["prompt"]), output, row.get("solution"), verdict]
             for i, (row, output, verdict) in enumerate(zip(rows, outputs, verdicts, strict=True))
@@ -145,13 +141,44 @@ class GenerationEvalCallback(TrainerCallback):
         self._keep_means(rows, scores, correct)
         return _mean(correct), table
 
+    def _answer(self, engine, rows: list[dict]) -> tuple[list[str], dict[int, dict]]:
+        """Each row's output, and the episodes among them by row index (scored by their environment): rows without
+        tools answered by ``engine``, the others through the evaluation's tool loop as their rollouts are, with the
+        run's tools (a mixture with tools per source: the row's source's)."""
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for i, row in enumerate(rows):
+            toolset = self.toolset.for_source(row.get(SOURCE_COLUMN)) if self.toolset is not None else None
+            toolset = toolset if toolset is not None and toolset.names else None
+            groups.setdefault(id(toolset), (toolset, []))[1].append(i)
+        outputs: list[str] = [""] * len(rows)
+        episodes: dict[int, dict] = {}
+        calls: list[int] = []
+        for toolset, positions in groups.values():
+            part = [rows[i] for i in positions]
+            if toolset is None:
+                found = engine.generate(part)
+            else:
+                from suzak.eval.tool_loop import ToolLoop, episodes_of
+
+                records = ToolLoop(engine, toolset, self.max_tool_calling_iterations).generate(part)
+                found = [record["model_output"] for record in records]
+                calls += [record["tool_calls"] for record in records]
+                episodes.update(zip(positions, episodes_of(records) or [], strict=False))
+            for i, output in zip(positions, found, strict=True):
+                outputs[i] = output
+        if calls:
+            self.figures["eval/tool_calls"] = sum(calls) / len(calls)
+        return outputs, episodes
+
     def _keep_means(self, rows: list[dict], scores: list, correct: list[bool]) -> None:
         """The mean score of all rows (``eval/score``) and each mixture source's accuracy and mean score
-        (``eval/<source>/accuracy``, ``eval/<source>/score``), kept in :attr:`figures`."""
+        (``eval/<source>/accuracy``, ``eval/<source>/score``; an episode source's: its episodes' success and reward),
+        kept in :attr:`figures`."""
         self.figures["eval/score"] = _mean(scores)
-        for source in self.scorers or {}:
+        sources = dict.fromkeys(row.get(SOURCE_COLUMN) for row in rows) if self.scorers is not None else {}
+        for source in sources:
             mine = [i for i, row in enumerate(rows) if row.get(SOURCE_COLUMN) == source]
-            if mine:
+            if source is not None and mine:
                 self.figures[f"eval/{source}/accuracy"] = _mean([correct[i] for i in mine])
                 self.figures[f"eval/{source}/score"] = _mean([scores[i] for i in mine])
 
@@ -183,7 +210,10 @@ class GenerationEvalCallback(TrainerCallback):
         scores: list = [None] * len(rows)
         step = getattr(state, "global_step", 0)
         for source, positions in groups.items():
-            scorer = self.scorer if source is None else self.scorers[source]
+            scorer = self.scorer if source is None else self.scorers.get(source)
+            if scorer is None:  # a source without rewards whose environment did not keep its rows' episodes
+                raise SuzakError(f"source {source!r}: no reward scores its held-out rows and its environment keeps no "
+                                 "episodes (a ScreenEnvironment): name a reward, or set its eval_rows to 0")  # fmt: skip
             part = [rows[i] for i in positions]
             completions = [outputs[i] for i in positions]
             if isinstance(part[0]["prompt"], list):  # a conversation: TRL hands each completion as its message

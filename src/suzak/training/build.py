@@ -107,11 +107,13 @@ class RunInputs:
     @property
     def scorers(self) -> dict[str, Callable] | None:
         """A mixture's held-out score per source: its first reward as the held-out eval scores it, at the source's
-        ``eval_correct_at`` (:func:`suzak.scoring.rewards.heldout_scorer`; None: one dataset, :attr:`scorer`)."""
+        ``eval_correct_at`` (:func:`suzak.scoring.rewards.heldout_scorer`; an episode source without rewards has
+        none: its environment scores its rows; None: one dataset, :attr:`scorer`)."""
         from suzak.scoring.rewards import heldout_scorer
 
-        scorers = {source.name: heldout_scorer(funcs[0], source.eval_correct_at) for source, funcs, _ in self.sources}
-        return scorers or None
+        # an episode source without rewards has none: its environment's verdict scores its rows
+        scorers = {source.name: heldout_scorer(f[0], source.eval_correct_at) for source, f, _ in self.sources if f}
+        return scorers if self.sources else None
 
     @property
     def reward_weights(self) -> list[float] | None:
@@ -152,7 +154,6 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
     """The configured :class:`~suzak.training.trainer.VLMGRPOTrainer` of a GRPO recipe (``trainer_kwargs``: more
     of its arguments, ``callbacks`` for one)."""
     from suzak.models.loading import load_processor
-    from suzak.models.tools import resolve_tools
     from suzak.training.trainer import VLMGRPOTrainer
     from suzak.trl_internals.rounds import DynamicSampling
     from suzak.trl_internals.sampler_guard import SamplerGuard
@@ -163,8 +164,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
             raise SuzakError("reward_weights: a mixture's sources give their own (datasets[i].reward_weights); "
                              "leave the recipe's unset")  # fmt: skip
         grpo_args.reward_weights = inputs.reward_weights
-    toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
-                            suzak_args.tool_max_visual_tokens, grpo_args.max_tool_calling_iterations)  # fmt: skip
+    toolset = run_tools(suzak_args, inputs, grpo_args.max_tool_calling_iterations)
     if not inputs.rewards and not toolset.scores_rollouts:
         raise SuzakError(f"rewards is empty and tools ({', '.join(toolset.names)}) has no environment that scores its "
                          "episodes (get_reward): name at least one reward")  # fmt: skip
@@ -242,6 +242,10 @@ def sft_trainer(suzak_args, sft_args, model_args, **trainer_kwargs):
     from suzak.trl_internals.hooks import SFTHooks
 
     inputs = RunInputs.read(suzak_args, model_args)
+    acting = [(i, source.name) for i, (source, _, _) in enumerate(inputs.sources) if source.tools]
+    if acting:  # an episode has no target answer to learn; a zoom's calls are not in the gold answers either
+        raise SuzakError(f"datasets[{acting[0][0]}] ({acting[0][1]!r}): tools: suzak sft trains gold answers, not "
+                         "episodes or tool calls; leave this source out of the SFT recipe")  # fmt: skip
     dataset, heldout = build_datasets(suzak_args, sft_args, inputs)
     if inputs.sources and image_columns(dataset.column_names):
         _check_sft_sources_all_show_images(dataset)
@@ -287,6 +291,22 @@ def load_policy(suzak_args, train_args, model_args, processing_class=None):
     return model, processing_class, peft_config
 
 
+def run_tools(suzak_args, inputs: RunInputs, max_steps: int | None):
+    """The run's tools (:class:`suzak.models.tools.ToolSet`): the recipe's ``tools`` for every row, or, where a
+    mixture's sources name their own (``datasets[i].tools``), each source's for its rows alone
+    (:func:`suzak.models.tools.source_tools`); both at once is one line."""
+    from suzak.models.tools import resolve_tools, source_tools
+
+    budget = inputs.budget.for_crops(suzak_args.tool_max_pixels)
+    sources = [source for source, _, _ in inputs.sources]
+    if any(source.tools for source in sources):
+        if suzak_args.tools:
+            raise SuzakError(f"tools: {', '.join(suzak_args.tools)} for the whole run, and the mixture's sources name "
+                             "their own (datasets[i].tools): give each source its tools, or leave them to the run")  # fmt: skip
+        return source_tools(sources, budget, suzak_args.tool_max_visual_tokens, max_steps)
+    return resolve_tools(suzak_args.tools, budget, suzak_args.tool_max_visual_tokens, max_steps)
+
+
 def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> None:
     """With the zoom or an episode: its largest image's tool turn against ``max_completion_length``, before any weights
     load (:meth:`suzak.models.tools.ZoomFactory.check_turn`, :meth:`suzak.models.episodes.EpisodeFactory.check_turn`), on the processor as the trainer will render with it: the
@@ -298,15 +318,16 @@ def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> 
     from suzak.models.tools import ZoomFactory
     from suzak.trl_internals.tools import tool_turn_length
 
-    zoom = toolset.environment_factory
-    if not isinstance(zoom, ZoomFactory | EpisodeFactory):
+    checked = [factory for factory in toolset.factories if isinstance(factory, ZoomFactory | EpisodeFactory)]
+    if not checked:
         return
     prepare_tool_calling(processing_class, inputs.family)
     configure_processor(processing_class, inputs.budget)
     turn_length = functools.partial(
         tool_turn_length, processing_class, chat_template_kwargs=grpo_args.chat_template_kwargs
     )
-    zoom.check_turn(inputs.budget, turn_length, grpo_args.max_completion_length)
+    for factory in checked:  # a mixture's: each source's environment
+        factory.check_turn(inputs.budget, turn_length, grpo_args.max_completion_length)
 
 
 @dataclass(frozen=True)

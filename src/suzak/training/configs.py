@@ -99,7 +99,8 @@ class SuzakArguments(VideoBudgetArguments):
         metadata={
             "help": "A mixture in place of dataset_name: one mapping per source with its name, dataset (a builder, "
             "Hub alias, folder or .jsonl), options, weight, rewards, reward_weights, reward_kwargs, prompt_template, "
-            "eval_rows, eval_correct_at, min_pixels, max_pixels (docs/mixtures.md; a YAML list, or JSON on the CLI)."
+            "eval_rows, eval_correct_at, min_pixels, max_pixels, tools (an environment its rows alone act with: an "
+            "episode source; docs/mixtures.md; a YAML list, or JSON on the CLI)."
         },
     )
     max_train_rows: int | None = field(
@@ -668,7 +669,8 @@ def _check_tools(suzak_args: SuzakArguments, config) -> None:
                          "tools that scores its episodes (tools: [miniwob], docs/episodes.md)")  # fmt: skip
     if "zoom_used" in suzak_args.rewards and "zoom" not in suzak_args.tools:
         raise SuzakError("--rewards zoom_used pays a rollout's zoom calls: it needs --tools zoom")
-    if not suzak_args.tools and (crop is not None or cap is not None):
+    sources_tools = any(source.tools for source in suzak_args.mixture() or [])  # an episode source's, say
+    if not suzak_args.tools and not sources_tools and (crop is not None or cap is not None):
         logger.warning("tool_max_pixels / tool_max_visual_tokens are set but tools is empty: they do nothing")
     if suzak_args.tools and getattr(config, "max_tool_calling_iterations", 0) is None:
         logger.info("tools: max_tool_calling_iterations is unset, so a rollout calls tools until it answers or "

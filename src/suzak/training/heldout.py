@@ -59,8 +59,7 @@ def evaluate_heldout(argv: list[str]) -> dict:
     results JSON that :func:`main` writes."""
     from suzak.eval.models import load_eval_model
     from suzak.models.loading import adapter_base, resolve_model_path
-    from suzak.models.tools import resolve_tools
-    from suzak.training.build import RunInputs, build_datasets, eval_callback
+    from suzak.training.build import RunInputs, build_datasets, eval_callback, run_tools
     from suzak.training.configs import _split_config, parse_args
 
     own, flags = _own_flags(argv)
@@ -74,14 +73,13 @@ def evaluate_heldout(argv: list[str]) -> dict:
     _, heldout = build_datasets(suzak_args, args, inputs)
     if not heldout:
         raise SuzakError("the recipe holds out no rows (eval_rows 0): set eval_rows (e.g. --eval_rows 64)")
-    toolset = resolve_tools(suzak_args.tools, inputs.budget.for_crops(suzak_args.tool_max_pixels),
-                            suzak_args.tool_max_visual_tokens, args.max_tool_calling_iterations)  # fmt: skip
+    toolset = run_tools(suzak_args, inputs, args.max_tool_calling_iterations)
     model, processing_class = load_eval_model(model_path)
     callback = eval_callback(suzak_args, args, heldout, inputs.scorer, processing_class, inputs.budget,
                              inputs.video_budget, toolset, inputs.scorers)  # fmt: skip
     accuracy, table = callback.evaluate(model, step=0)
     # each mixture source that has held-out rows: its accuracy and mean score, as training logs them
-    sources = [name for name in inputs.scorers or {} if f"eval/{name}/accuracy" in callback.figures]
+    sources = [s.name for s, _, _ in inputs.sources if f"eval/{s.name}/accuracy" in callback.figures]
     counts = {name: sum(row.get("source") == name for row in heldout) for name in sources}
     recipe = _split_config(argv)[0]
     # suzak eval's results format (accuracy in %, R1-V's per-result keys), so suzak release puts it in the model card

@@ -54,11 +54,18 @@ from suzak.media.vision import (
     pad_left,
     vision_token_ids,
 )
-from suzak.models.episodes import EPISODE_PROBLEMS, EpisodeFactory, episode_columns
+from suzak.models.episodes import EPISODE_PROBLEMS, EpisodeFactory, ScreenEnvironment, episode_columns
 from suzak.models.packing import PackingCount, packing_refusal, packing_rows, use_row_attention
 from suzak.models.positions import use_qwen_video_positions
 from suzak.models.tool_calling import prepare_tool_calling
-from suzak.models.tools import ZOOM, ZOOM_PROBLEMS, ZoomEnvironment, ZoomFactory, with_original_image
+from suzak.models.tools import (
+    ENVIRONMENT_COLUMN,
+    ZOOM,
+    ZOOM_PROBLEMS,
+    ZoomEnvironment,
+    ZoomFactory,
+    with_original_image,
+)
 from suzak.models.vision_reuse import share_vision_encodings
 from suzak.runs.checkpoints import checkpoint_problem
 from suzak.runs.episodes import record_episodes
@@ -248,6 +255,9 @@ class VLMGRPOTrainer(GRPOHooks):
         framed = (self.with_box_frame(row) for row in rows)  # from the original image, before it is fitted
         if self.environment_factories is not None:  # an environment (the zoom) gets each row's image as it is
             framed = (with_original_image(row) for row in framed)
+        if self.environment_factories is not None and None not in self.environment_factories:
+            # a mixture with tools per source (TRL's environments by name): each row acts with its source's
+            framed = ({**row, ENVIRONMENT_COLUMN: row.get(SOURCE_COLUMN)} for row in framed)
         if self.judged:  # a judge fits each row's pictures to its own budget, not to the policy's
             framed = (with_original_images(row) for row in framed)
         fitted = image_gaps_filled([fit_row_images(row, self.pixel_budget, memo) for row in framed])
@@ -278,45 +288,56 @@ class VLMGRPOTrainer(GRPOHooks):
             raise SuzakError(f"{name}: {error}") from None
         return with_video(row, clip)
 
+    def _factory(self, kind: type) -> Any:
+        """The run's environment factory of ``kind`` (a mixture's: any source's), None without one."""
+        factories = (self.environment_factories or {}).values()
+        return next((factory for factory in factories if isinstance(factory, kind)), None)
+
     @property
     def zoom_factory(self) -> ZoomFactory | None:
         """The run's zoom (:class:`suzak.models.tools.ZoomFactory`), None without one."""
-        factory = (self.environment_factories or {}).get(None)
-        return factory if isinstance(factory, ZoomFactory) else None
+        return self._factory(ZoomFactory)
 
     @property
     def episode_factory(self) -> EpisodeFactory | None:
         """The run's episode environment (:class:`suzak.models.episodes.EpisodeFactory`), None without one."""
-        factory = (self.environment_factories or {}).get(None)
-        return factory if isinstance(factory, EpisodeFactory) else None
+        return self._factory(EpisodeFactory)
 
     def tool_problem_counts(self, environments: list) -> dict[str, int]:
         """The zoom's failed calls of this batch by reason (``tools/zoom_<reason>`` in the step's log); an episode's
         failed actions and early ends (``tools/episode_<reason>``, :data:`suzak.models.episodes.EPISODE_PROBLEMS`),
-        its actions (``tools/episode_actions``) and its episodes (``tools/episodes``)."""
+        its actions (``tools/episode_actions``) and its episodes (``tools/episodes``). A mixture's rollouts count
+        where their environment is of that kind."""
+        counts: dict[str, int] = {}
         if self.episode_factory is not None:
-            counts = {f"episode_{reason}": sum(e.problems[reason] for e in environments) for reason in EPISODE_PROBLEMS}
-            return {**counts, "episode_actions": sum(len(e.steps) for e in environments),
-                    "episodes": len(environments)}  # fmt: skip
-        if self.zoom_factory is None:
-            return {}
-        zooms = [e for e in environments if isinstance(e, ZoomEnvironment)]
-        return {f"{ZOOM}_{reason}": sum(e.problems[reason] for e in zooms) for reason in ZOOM_PROBLEMS}
+            episodes = [e for e in environments if isinstance(e, ScreenEnvironment)]
+            counts |= {f"episode_{reason}": sum(e.problems[reason] for e in episodes) for reason in EPISODE_PROBLEMS}
+            counts |= {"episode_actions": sum(len(e.steps) for e in episodes), "episodes": len(episodes)}
+        if self.zoom_factory is not None:
+            zooms = [e for e in environments if isinstance(e, ZoomEnvironment)]
+            counts |= {f"{ZOOM}_{reason}": sum(e.problems[reason] for e in zooms) for reason in ZOOM_PROBLEMS}
+        return counts
 
     def rollout_columns(self, environments: list) -> dict[str, list]:
         """With the zoom: ``zoom_crops``, each rollout's crops as boxes of the original image's pixels (JSON; ``[]``
         when it zoomed into nothing); with an episode, ``episode_steps`` and ``episode_reward``
         (:func:`suzak.models.episodes.episode_columns`); beside each completion in ``completions.csv`` and the W&B
-        table. An episode run also keeps each training step's best and worst episode of its first group
-        (:func:`suzak.runs.episodes.record_episodes`, drawn by ``suzak plot episode``)."""
+        table (a mixture's other rollouts: empty there). An episode run also keeps each training step's best and
+        worst episode of its first group of episodes (:func:`suzak.runs.episodes.record_episodes`, drawn by ``suzak
+        plot episode``)."""
+        columns: dict[str, list] = {}
         if self.episode_factory is not None:
-            if self.accelerator.is_main_process and self.model.training and environments:
-                record_episodes(environments, self.num_generations, self.args.output_dir, self.state.global_step + 1,
-                                getattr(environments[0], "instruction", ""))  # fmt: skip
-            return episode_columns(environments)
-        if self.zoom_factory is None:
-            return {}
-        return {f"{ZOOM}_crops": [json.dumps(getattr(e, "crops", [])) for e in environments]}
+            first = next((i for i, e in enumerate(environments) if isinstance(e, ScreenEnvironment)), None)
+            if self.accelerator.is_main_process and self.model.training and first is not None:
+                start = first - first % self.num_generations  # a group's rollouts are consecutive
+                record_episodes(environments[start:], self.num_generations, self.args.output_dir,
+                                self.state.global_step + 1, getattr(environments[first], "instruction", ""))  # fmt: skip
+            columns |= episode_columns(environments)
+        if self.zoom_factory is not None:
+            zoomed = [isinstance(e, ZoomEnvironment) for e in environments]
+            columns[f"{ZOOM}_crops"] = [json.dumps(getattr(e, "crops", [])) if z else ""
+                                        for e, z in zip(environments, zoomed, strict=True)]  # fmt: skip
+        return columns
 
     def row_columns(self, inputs: list[dict[str, Any]]) -> dict[str, list]:
         """A mixture's rows: ``source`` and ``source_row`` (each completion's source, and its row there) in
