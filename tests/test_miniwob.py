@@ -365,7 +365,8 @@ def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_s
     hold the tools' turn and their calls act in Chromium, scored by MiniWoB++ alone; the clicks' prompts have no
     tools' turn, a call there is a tool error, and click_accuracy alone scores them. The held-out eval answers each
     source as training does: the episodes through the tool loop, scored by their environment, the clicks in one turn,
-    scored by their reward."""
+    scored by their reward; a call there is "not found" and the row answers again, in training (TRL's loop) and
+    in the held-out eval alike."""
     import math
 
     import torch
@@ -442,14 +443,18 @@ def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_s
     start = tool_loop.ToolLoop.start
 
     def spy_start(self, row):
-        started[(row["task"], row["seed"])] = rollout = start(self, row)
+        rollout = start(self, row)
+        if row["source"] == "episodes":
+            started[(row["task"], row["seed"])] = rollout
         return rollout
 
     def answers(self, batch, prompts, temperature, seed):
         texts = []
         for row, prompt in zip(batch, prompts, strict=True):
             answered.append((row["source"], "<tools>" in prompt))
-            if row["source"] == "clicks":  # one turn: the point of the gold box's centre
+            if row["source"] == "clicks" and row["prompt"][-1]["role"] == "user":  # a call, as in training: none
+                texts.append('<tool_call>\n{"name": "click", "arguments": {"x": 1, "y": 1}}\n</tool_call>')
+            elif row["source"] == "clicks":  # after "not found": the point of the gold box's centre
                 x1, y1, x2, y2 = json.loads(row["solution"])
                 x, y = BoxFrame.from_dict(row["box_frame"]).click_point((x1, y1, x2, y2))
                 texts.append(f'{{"point_2d": [{x}, {y}]}}')
@@ -471,7 +476,9 @@ def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_s
     assert accuracy == 1.0 and all(row[-1] for row in table)
     assert callback.figures["eval/episodes/accuracy"] == callback.figures["eval/clicks/accuracy"] == 1.0
     assert callback.figures["eval/episode_actions"] == 1.0 and callback.figures["eval/tool_calls"] == 1.0
-    assert {("clicks", False), ("episodes", True)} == set(answered)
+    assert {("clicks", False), ("episodes", True)} == set(answered)  # each source's prompts as in training
+    clicked = [row for row in table if "point_2d" in row[3]]
+    assert len(clicked) == 2 and all(row[-1] for row in clicked)  # answered again after the call, as TRL's loop does
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -515,3 +522,83 @@ def test_sft_on_a_mixture_with_an_episode_source_is_one_line(tiny_model_dir, tmp
         sft_trainer(*parse_sft_args(["--config", str(path), "--model_name_or_path", str(tiny_model_dir),
                                      "--output_dir", str(tmp_path / "sft")]))  # fmt: skip
     assert _browsers() <= before
+
+
+class ScoringEnvironment:
+    """A user's environment that scores its rollouts but keeps no episodes (not a ScreenEnvironment)."""
+
+    def reset(self, **kwargs) -> None:
+        return None
+
+    def press(self, button: str) -> str:
+        """Press a button.
+
+        Args:
+            button: Its label.
+        """
+        return "pressed"
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+def _mixture_recipe(tmp_path, **changes) -> str:
+    import yaml
+
+    recipe = yaml.safe_load(open("recipes/miniwob_mixture_smoke.yaml"))
+    for index, change in changes.pop("sources", {}).items():
+        recipe["datasets"][index] |= change
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe | changes))
+    return str(path)
+
+
+def test_an_episode_sources_screens_keep_its_own_pixel_budget(tiny_model_dir, tmp_path):
+    """A source's own max_pixels is its screens' budget too (every next screen as large as its first), not the
+    budget enclosing the other sources'; a tool_max_pixels below a source's own min_pixels is one line naming it."""
+    from suzak.training.build import RunInputs, run_tools
+    from suzak.training.configs import parse_args
+
+    recipe = _mixture_recipe(tmp_path, max_pixels=200704, sources={1: {"max_pixels": 12544}})
+    suzak_args, args, model_args = parse_args(["--config", recipe, "--model_name_or_path", str(tiny_model_dir),
+                                               "--tool_max_pixels", "null"])  # fmt: skip
+    inputs = RunInputs.read(suzak_args, model_args)
+    toolset = run_tools(suzak_args, inputs, 3)
+    assert toolset.by_source["episodes"].environment_factory.budget.max_pixels == 12544  # not 200,704
+    suzak_args.tool_max_pixels = 3136
+    suzak_args.datasets[1]["min_pixels"] = 6272
+    inputs = RunInputs.read(suzak_args, model_args)
+    with pytest.raises(SuzakError, match=r"^source 'episodes': tool_max_pixels 3136 must lie between min_pixels 6272"):
+        run_tools(suzak_args, inputs, 3)
+
+
+def test_a_source_scored_by_an_environment_without_episodes_holds_no_rows_out(tiny_model_dir, tmp_path):
+    """Without rewards, a source's held-out rows are scored by their episodes: an environment that keeps none (a
+    user's class with get_reward) is one line when the source holds rows out, and trains where it does not."""
+    from suzak.training.build import RunInputs, run_tools
+    from suzak.training.configs import parse_args
+
+    tool = f"{__name__}.ScoringEnvironment"
+    for rows, refused in ((2, True), (0, False)):
+        recipe = _mixture_recipe(tmp_path, sources={1: {"tools": [tool], "eval_rows": rows}})
+        flags = ["--config", recipe, "--model_name_or_path", str(tiny_model_dir), "--eval_steps", "1"]
+        suzak_args, _, model_args = parse_args(flags)
+        inputs = RunInputs.read(suzak_args, model_args)
+        if refused:
+            with pytest.raises(SuzakError, match=r"^datasets\[1\] \('episodes'\): no rewards, and its environment "
+                                                 r"keeps no episodes"):  # fmt: skip
+                run_tools(suzak_args, inputs, 3)
+        else:
+            assert run_tools(suzak_args, inputs, 3).by_source["episodes"].scores_rollouts
+
+
+def test_suzak_heldout_scores_an_episode_runs_held_out_rows_by_their_environment(tiny_model_dir, monkeypatch):
+    """`suzak heldout` on recipes/miniwob_smoke.yaml (rewards: [], the environment scores): each held-out episode in
+    Chromium, correct when it succeeded (it raised IndexError on the empty rewards before)."""
+    from suzak.training.heldout import evaluate_heldout
+
+    _script_the_eval_engine(monkeypatch)
+    payload = evaluate_heldout(["--config", "recipes/miniwob_smoke.yaml", "--model_path", str(tiny_model_dir),
+                                "--dataset_options", '{"tasks": ["click-button"], "seeds": 8}', "--eval_rows", "4"])  # fmt: skip
+    assert payload["total"] == 4 and payload["correct"] == sum(r["is_correct"] for r in payload["results"])
+    assert payload["figures"]["eval/episode_actions"] == 1.0 and 0 < payload["correct"] < 4

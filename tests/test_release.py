@@ -409,9 +409,9 @@ def test_a_mixtures_card_names_each_source_and_its_held_out_figures(tmp_path, ti
     assert card.data.datasets == ["leonardPKU/GEOQA_R1V_Train_8K"]
     text = card.text
     assert "| datasets | a mixture of 2 sources: geo, boxes (below) |" in text and "clevr_synthetic" not in text
-    assert "| geo | `geoqa_r1v` | {} | 1 (25%) | `r1v` | `math_accuracy` (1.0) | 3136..50176 |" in text
+    assert "| geo | `geoqa_r1v` | {} | 1 (25%) | `r1v` | `math_accuracy` (1.0) | none | 3136..50176 |" in text
     assert ("| boxes | `grounding_shapes` | {\"num_rows\": 32} | 3 (75%) | `rec` | `iou` (1.0), `box_format` (0.5) | "
-            "3136..100352 |") in text  # fmt: skip
+            "none | 3136..100352 |") in text  # fmt: skip
     assert "each source's own (below), within 3136..100352 pixels" in text and "`clevr_count`" not in text
     assert "| all | 0.125 (0) | 0.625 (4) |" in text
     assert "| geo | 0.250 (0) | 0.750 (4) |" in text and "| boxes | 0.000 (0) | 0.500 (4) |" in text

@@ -41,7 +41,7 @@ import inspect
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,11 +267,14 @@ class _Source:
 
 
 def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_visual_tokens: int | None = None,
-                 max_steps: int | None = None) -> ToolSet:  # fmt: skip
+                 max_steps: int | None = None, crop_budgets: Mapping[str, PixelBudget | None] | None = None,
+                 heldout_rows: Mapping[str, int] | None = None) -> ToolSet:  # fmt: skip
     """A mixture's tools where its sources name their own (``datasets[i].tools``): each source's an environment (an
     episode's, the zoom, a class with ``reset``) resolved as :func:`resolve_tools` resolves a run's, with the run's
-    screen budget and caps; its rows alone act with it. A source without rewards needs an environment that scores
-    its episodes. Each mistake is one line naming the source.
+    caps and its screens' (crops') budget: ``crop_budgets[name]`` where the source has its own pixel budget, else
+    ``crop_budget``; its rows alone act with it. A source without rewards needs an environment that scores its
+    episodes, and one that keeps them (a :class:`suzak.models.episodes.ScreenEnvironment`) where it holds rows out
+    (``heldout_rows``: the held-out eval scores those by their episode). Each mistake is one line naming the source.
 
     >>> source_tools([_Source("a", tools=("suzak.scoring.rewards.is_async",))], PixelBudget(factor=28))
     Traceback (most recent call last):
@@ -285,8 +288,9 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
     by_source: dict[str, ToolSet] = {}
     for index, source in enumerate(sources):
         where = f"datasets[{index}] ({source.name!r})"
+        budget = (crop_budgets or {}).get(source.name, crop_budget)
         try:
-            toolset = resolve_tools(list(source.tools), crop_budget, max_visual_tokens, max_steps)
+            toolset = resolve_tools(list(source.tools), budget, max_visual_tokens, max_steps)
         except SuzakError as error:
             raise SuzakError(f"{where}: {error}") from None
         if toolset.tools:
@@ -296,6 +300,11 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
         if source.tools and not source.rewards and not toolset.scores_rollouts:
             raise SuzakError(f"{where}: no rewards, and its tools ({', '.join(source.tools)}) have no environment "
                              "that scores its episodes (get_reward): name at least one reward")  # fmt: skip
+        keeps = getattr(toolset.environment_factory, "episode", False)  # an EpisodeFactory: its rollouts' episodes
+        if source.tools and not source.rewards and not keeps and (heldout_rows or {}).get(source.name):
+            raise SuzakError(f"{where}: no rewards, and its environment keeps no episodes (a ScreenEnvironment) for "
+                             "the held-out eval to score its held-out rows by: name a reward, or set its eval_rows "
+                             "to 0")  # fmt: skip
         by_source[source.name] = toolset
     names = list(dict.fromkeys(name for toolset in by_source.values() for name in toolset.names))
     return ToolSet(names=names, by_source=by_source)

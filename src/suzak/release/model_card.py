@@ -226,15 +226,18 @@ def _eval_section(evals: list[EvalEntry]) -> list[str]:
 
 
 def _sources_table(facts: TrainingFacts) -> list[str]:
-    """A mixture's sources: dataset and options, weight and share, template, rewards with their weights, budget."""
-    lines = ["| source | dataset | options | weight (share) | prompt template | rewards (weights) | pixel budget |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    """A mixture's sources: dataset and options, weight and share, template, rewards with their weights (an episode
+    source's: its environment's, weight 1), its own tools, budget."""
+    lines = ["| source | dataset | options | weight (share) | prompt template | rewards (weights) | tools | pixel budget |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in facts.sources:
         weights = s.reward_weights or [1.0] * len(s.rewards)
         scored = ", ".join(f"`{name}` ({weight})" for name, weight in zip(s.rewards, weights, strict=True))
+        scored = scored or "its environment's reward (1)"
+        tools = ", ".join(f"`{name}`" for name in s.tools) or "none"
         low, high = s.min_pixels or facts.setting("min_pixels"), s.max_pixels or facts.setting("max_pixels")
         lines.append(f"| {s.name} | `{s.dataset}` | {json.dumps(s.options)} | {s.weight:g} ({s.share:.0%}) | "
-                     f"`{s.prompt_template}` | {scored} | {low}..{high} |")  # fmt: skip
+                     f"`{s.prompt_template}` | {scored} | {tools} | {low}..{high} |")  # fmt: skip
     return lines
 
 

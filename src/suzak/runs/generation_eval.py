@@ -75,7 +75,7 @@ class GenerationEvalCallback(TrainerCallback):
         if eval_steps <= 0:
             raise ValueError(f"eval_steps must be positive, got {eval_steps}")
         self.rows = rows
-        self.scorer = heldout_scorer(scorer)
+        self.scorer = heldout_scorer(scorer) if scorer is not None else None  # None: episodes, scored by their env
         self.processing_class = processing_class
         self.eval_steps = eval_steps
         self.budget = budget
@@ -144,11 +144,13 @@ class GenerationEvalCallback(TrainerCallback):
     def _answer(self, engine, rows: list[dict]) -> tuple[list[str], dict[int, dict]]:
         """Each row's output, and the episodes among them by row index (scored by their environment): rows without
         tools answered by ``engine``, the others through the evaluation's tool loop as their rollouts are, with the
-        run's tools (a mixture with tools per source: the row's source's)."""
+        run's tools (a mixture with tools per source: the row's source's). A tool-less source's rows of such a
+        mixture go through the loop too, with no tools, as TRL's loop runs them in training: a call there is
+        answered "not found" and the row answers again."""
         groups: dict[int, tuple[Any, list[int]]] = {}
         for i, row in enumerate(rows):
             toolset = self.toolset.for_source(row.get(SOURCE_COLUMN)) if self.toolset is not None else None
-            toolset = toolset if toolset is not None and toolset.names else None
+            toolset = toolset if toolset is not None and (toolset.names or self.toolset.by_source) else None
             groups.setdefault(id(toolset), (toolset, []))[1].append(i)
         outputs: list[str] = [""] * len(rows)
         episodes: dict[int, dict] = {}
@@ -211,9 +213,10 @@ class GenerationEvalCallback(TrainerCallback):
         step = getattr(state, "global_step", 0)
         for source, positions in groups.items():
             scorer = self.scorer if source is None else self.scorers.get(source)
-            if scorer is None:  # a source without rewards whose environment did not keep its rows' episodes
-                raise SuzakError(f"source {source!r}: no reward scores its held-out rows and its environment keeps no "
-                                 "episodes (a ScreenEnvironment): name a reward, or set its eval_rows to 0")  # fmt: skip
+            if scorer is None:  # no reward, and an environment that did not keep its rows' episodes
+                where = "its held-out rows" if source is None else f"the held-out rows of source {source!r}"
+                raise SuzakError(f"no reward scores {where} and its environment keeps no episodes (a "
+                                 "ScreenEnvironment): name a reward, or set eval_rows to 0")  # fmt: skip
             part = [rows[i] for i in positions]
             completions = [outputs[i] for i in positions]
             if isinstance(part[0]["prompt"], list):  # a conversation: TRL hands each completion as its message

@@ -123,12 +123,13 @@ class RunInputs:
         return [w for source, funcs, _ in self.sources for w in (source.reward_weights or [1.0] * len(funcs))]
 
     @property
-    def scorer(self) -> Callable:
+    def scorer(self) -> Callable | None:
         """The held-out generation eval's score: the first reward as the held-out eval scores it, at the recipe's
-        ``eval_correct_at`` (:func:`suzak.scoring.rewards.heldout_scorer`)."""
+        ``eval_correct_at`` (:func:`suzak.scoring.rewards.heldout_scorer`); None without rewards (an episode run: its
+        environment scores each held-out episode)."""
         from suzak.scoring.rewards import heldout_scorer
 
-        return heldout_scorer(self.rewards[0], self.eval_correct_at)
+        return heldout_scorer(self.rewards[0], self.eval_correct_at) if self.rewards else None
 
 
 def _source_budgets(sources, suzak_args, config) -> dict[str, PixelBudget]:
@@ -178,7 +179,7 @@ def grpo_trainer(suzak_args, grpo_args, model_args, **trainer_kwargs):
         sampling = DynamicSampling(suzak_args.dynamic_sampling_min_std, suzak_args.dynamic_sampling_max_rounds)
     trainer = VLMGRPOTrainer(
         model=model,
-        reward_funcs=inputs.rewards,
+        reward_funcs=list(inputs.rewards),  # TRL appends an environment's get_reward to the list it is given
         args=grpo_args,
         train_dataset=data.train,
         processing_class=processing_class,
@@ -303,7 +304,17 @@ def run_tools(suzak_args, inputs: RunInputs, max_steps: int | None):
         if suzak_args.tools:
             raise SuzakError(f"tools: {', '.join(suzak_args.tools)} for the whole run, and the mixture's sources name "
                              "their own (datasets[i].tools): give each source its tools, or leave them to the run")  # fmt: skip
-        return source_tools(sources, budget, suzak_args.tool_max_visual_tokens, max_steps)
+        from suzak.models.tools import check_tool_settings
+
+        for name, own_budget in inputs.source_budgets.items():  # a source's own budget: its screens' too
+            try:
+                check_tool_settings(own_budget.min_pixels, own_budget.max_pixels, suzak_args.tool_max_pixels, None)
+            except SuzakError as error:
+                raise SuzakError(f"source {name!r}: {error} (its own pixel budget)") from None
+        crops = suzak_args.tool_max_pixels
+        own = {name: own_budget.for_crops(crops) for name, own_budget in inputs.source_budgets.items()}
+        heldout = {source.name: source.held_out_rows(suzak_args.eval_rows) for source in sources}
+        return source_tools(sources, budget, suzak_args.tool_max_visual_tokens, max_steps, own, heldout)
     return resolve_tools(suzak_args.tools, budget, suzak_args.tool_max_visual_tokens, max_steps)
 
 
@@ -319,14 +330,14 @@ def check_zoom_turn(toolset, processing_class, inputs: RunInputs, grpo_args) -> 
     from suzak.trl_internals.tools import tool_turn_length
 
     checked = [factory for factory in toolset.factories if isinstance(factory, ZoomFactory | EpisodeFactory)]
-    if not checked:
+    if not checked:  # (a mixture's: each source's environment, within the budget the processors resize into)
         return
     prepare_tool_calling(processing_class, inputs.family)
     configure_processor(processing_class, inputs.budget)
     turn_length = functools.partial(
         tool_turn_length, processing_class, chat_template_kwargs=grpo_args.chat_template_kwargs
     )
-    for factory in checked:  # a mixture's: each source's environment
+    for factory in checked:
         factory.check_turn(inputs.budget, turn_length, grpo_args.max_completion_length)
 
 
