@@ -491,7 +491,8 @@ def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_s
     ({"datasets": [{"name": "a", "dataset": "color_squares", "tools": ["nowhere.tool"], "rewards": ["word_match"]}]},
      r"^datasets\[0\] \('a'\): cannot import tool 'nowhere.tool'"),
 ])  # fmt: skip
-def test_a_mixtures_bad_tools_are_one_line_before_any_row_or_weight_loads(tiny_model_dir, tmp_path, change, message):
+def test_a_mixtures_bad_tools_are_one_line_before_any_row_or_weight_loads(tiny_model_dir, tmp_path, monkeypatch, change,
+                                                                          message):  # fmt: skip
     """Tools per source, checked before the rows are built (no browser starts) and before the weights load."""
     import yaml
 
@@ -501,13 +502,23 @@ def test_a_mixtures_bad_tools_are_one_line_before_any_row_or_weight_loads(tiny_m
     recipe = yaml.safe_load(open("recipes/miniwob_mixture_smoke.yaml")) | change
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    before = _browsers()
+    _no_rows_built(monkeypatch)
     with pytest.raises(SuzakError, match=message):
         grpo_trainer(*parse_args(["--config", str(path), "--model_name_or_path", str(tiny_model_dir)]))
-    assert _browsers() <= before
 
 
-def test_sft_on_a_mixture_with_an_episode_source_is_one_line(tiny_model_dir, tmp_path):
+def _no_rows_built(monkeypatch) -> None:
+    """Any dataset built from here on fails the test (a refusal must come before the rows, and their browsers)."""
+    from suzak.data import builders
+
+    def built(*args, **kwargs):
+        raise AssertionError("rows were built before the refusal")
+
+    for name in list(builders.DATASETS):
+        monkeypatch.setitem(builders.DATASETS, name, built)
+
+
+def test_sft_on_a_mixture_with_an_episode_source_is_one_line(tiny_model_dir, tmp_path, monkeypatch):
     """An episode has no gold answer to learn: `suzak sft` names the source and stops, before any row is built."""
     import yaml
 
@@ -517,11 +528,10 @@ def test_sft_on_a_mixture_with_an_episode_source_is_one_line(tiny_model_dir, tmp
     mixture = yaml.safe_load(open("recipes/miniwob_mixture_smoke.yaml"))["datasets"]
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump({"datasets": mixture, "use_cpu": True, "bf16": False}))
-    before = _browsers()
+    _no_rows_built(monkeypatch)
     with pytest.raises(SuzakError, match=r"^datasets\[1\] \('episodes'\): tools: suzak sft trains gold answers"):
         sft_trainer(*parse_sft_args(["--config", str(path), "--model_name_or_path", str(tiny_model_dir),
                                      "--output_dir", str(tmp_path / "sft")]))  # fmt: skip
-    assert _browsers() <= before
 
 
 class ScoringEnvironment:
