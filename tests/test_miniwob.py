@@ -29,6 +29,17 @@ def _element_box(observation: dict, tag: str, text: str | None = None) -> tuple[
     raise AssertionError(f"no {tag} {text!r} on the screen")
 
 
+def _button_call(environment: MiniWoBEnvironment, named: bool = True) -> str:
+    """A click-button turn: a call clicking the button the task's utterance names (``named``) or another one, in the
+    model's frame of the episode's screen."""
+    observation = environment._task.observation
+    name = re.search(r'"(.+?)"', observation["utterance"]).group(1)
+    buttons = [e["text"] for e in observation["dom_elements"] if e["tag"] == "button"]
+    target = name if named else next(text for text in buttons if text != name)
+    x, y = environment._frame.click_point(_element_box(observation, "button", target))
+    return f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>'
+
+
 def _start(environment: MiniWoBEnvironment, task: str, seed: int, family: str = "qwen2_5_vl"):
     row = miniwob_rows([task], [seed])[0]
     frame = BoxFrame.of(family, *row["image"].size, SEEN)
@@ -209,14 +220,8 @@ def test_grpo_trains_on_miniwob_episodes_whose_reward_reaches_the_advantages(tin
             if num_generations == 1:  # TRL's turn after the tool's answer: stop
                 texts.append("Done.")
                 continue
-            environment = trainer.environments[i]
-            observation = environment._task.observation
-            named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
-            buttons = [e["text"] for e in observation["dom_elements"] if e["tag"] == "button"]
-            target = named if i % 2 == 0 else next(text for text in buttons if text != named)
-            x, y = environment._frame.click_point(_element_box(observation, "button", target))
-            calls.append(target == named)
-            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+            calls.append(i % 2 == 0)
+            texts.append(_button_call(trainer.environments[i], named=i % 2 == 0))
         return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts], None
 
     trainer._generate_single_turn = scripted
@@ -397,12 +402,7 @@ def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_s
             if not episode:  # a click row calls the browser's tool: it has none
                 texts.append('<tool_call>\n{"name": "click", "arguments": {"x": 1, "y": 1}}\n</tool_call>')
                 continue
-            observation = environment._task.observation
-            named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
-            buttons = [e["text"] for e in observation["dom_elements"] if e["tag"] == "button"]
-            target = named if i % 2 == 0 else next(text for text in buttons if text != named)
-            x, y = environment._frame.click_point(_element_box(observation, "button", target))
-            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+            texts.append(_button_call(environment, named=i % 2 == 0))
         return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts], None
 
     trainer._generate_single_turn = scripted
@@ -461,11 +461,7 @@ def test_a_mixture_trains_episodes_beside_single_turn_clicks_each_row_with_its_s
             elif row["prompt"][-1]["role"] != "user":
                 texts.append("Done.")
             else:  # the named button: won
-                environment = started[(row["task"], row["seed"])].environment
-                observation = environment._task.observation
-                named = re.search(r'"(.+?)"', observation["utterance"]).group(1)
-                x, y = environment._frame.click_point(_element_box(observation, "button", named))
-                texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": {y}}}}}\n</tool_call>')
+                texts.append(_button_call(started[(row["task"], row["seed"])].environment))
         return [self.processing_class.tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts]
 
     monkeypatch.setattr(tool_loop.ToolLoop, "start", spy_start)

@@ -241,7 +241,11 @@ class ToolSet:
         with tools per source: TRL's dict of environments by source name (each row names its own in
         :data:`ENVIRONMENT_COLUMN`, the trainer's ``prepare_batch``), :class:`NoTools` for the tool-less sources.
 
-        >>> toolset = source_tools([_Source("colour"), _Source("zoomed", tools=("zoom",))], PixelBudget(factor=28))
+        >>> from suzak.data.mixture import parse_sources
+        >>> sources = parse_sources([{"name": "colour", "dataset": "color_squares", "rewards": ["word_match"]},
+        ...                          {"name": "zoomed", "dataset": "zoom_checks", "rewards": ["word_match"],
+        ...                           "tools": ["zoom"]}])
+        >>> toolset = source_tools(sources, PixelBudget(factor=28))
         >>> factories = toolset.trainer_kwargs()["environment_factory"]
         >>> factories["colour"] is NoTools, type(factories["zoomed"]).__name__
         (True, 'ZoomFactory')
@@ -257,15 +261,6 @@ class ToolSet:
         return kwargs
 
 
-@dataclass(frozen=True)
-class _Source:
-    """A mixture source as :func:`source_tools` reads it (:class:`suzak.data.mixture.Source` has these fields too)."""
-
-    name: str
-    tools: tuple[str, ...] = ()
-    rewards: tuple[str, ...] = ("accuracy",)
-
-
 def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_visual_tokens: int | None = None,
                  max_steps: int | None = None, crop_budgets: Mapping[str, PixelBudget | None] | None = None,
                  heldout_rows: Mapping[str, int] | None = None) -> ToolSet:  # fmt: skip
@@ -276,11 +271,14 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
     episodes, and one that keeps them (a :class:`suzak.models.episodes.ScreenEnvironment`) where it holds rows out
     (``heldout_rows``: the held-out eval scores those by their episode). Each mistake is one line naming the source.
 
-    >>> source_tools([_Source("a", tools=("suzak.scoring.rewards.is_async",))], PixelBudget(factor=28))
+    >>> from suzak.data.mixture import parse_sources
+    >>> def one(tools, rewards):
+    ...     return parse_sources([{"name": "a", "dataset": "x.jsonl", "tools": tools, "rewards": rewards}])
+    >>> source_tools(one(["suzak.scoring.rewards.is_async"], ["accuracy"]), PixelBudget(factor=28))
     Traceback (most recent call last):
     ...
     suzak.SuzakError: datasets[0] ('a'): tools suzak.scoring.rewards.is_async: a source's tools are one environment (zoom, miniwob or a class with reset); plain tool functions go in the recipe's tools, for every source
-    >>> source_tools([_Source("a", tools=("zoom",), rewards=())], PixelBudget(factor=28))
+    >>> source_tools(one(["zoom"], []), PixelBudget(factor=28))
     Traceback (most recent call last):
     ...
     suzak.SuzakError: datasets[0] ('a'): no rewards, and its tools (zoom) have no environment that scores its episodes (get_reward): name at least one reward

@@ -296,7 +296,7 @@ def run_tools(suzak_args, inputs: RunInputs, max_steps: int | None):
     """The run's tools (:class:`suzak.models.tools.ToolSet`): the recipe's ``tools`` for every row, or, where a
     mixture's sources name their own (``datasets[i].tools``), each source's for its rows alone
     (:func:`suzak.models.tools.source_tools`); both at once is one line."""
-    from suzak.models.tools import resolve_tools, source_tools
+    from suzak.models.tools import check_tool_settings, resolve_tools, source_tools
 
     budget = inputs.budget.for_crops(suzak_args.tool_max_pixels)
     sources = [source for source, _, _ in inputs.sources]
@@ -304,15 +304,13 @@ def run_tools(suzak_args, inputs: RunInputs, max_steps: int | None):
         if suzak_args.tools:
             raise SuzakError(f"tools: {', '.join(suzak_args.tools)} for the whole run, and the mixture's sources name "
                              "their own (datasets[i].tools): give each source its tools, or leave them to the run")  # fmt: skip
-        from suzak.models.tools import check_tool_settings
-
-        for name, own_budget in inputs.source_budgets.items():  # a source's own budget: its screens' too
+        own = {}  # a source's own pixel budget is its screens' too
+        for name, own_budget in inputs.source_budgets.items():
             try:
                 check_tool_settings(own_budget.min_pixels, own_budget.max_pixels, suzak_args.tool_max_pixels, None)
             except SuzakError as error:
                 raise SuzakError(f"source {name!r}: {error} (its own pixel budget)") from None
-        crops = suzak_args.tool_max_pixels
-        own = {name: own_budget.for_crops(crops) for name, own_budget in inputs.source_budgets.items()}
+            own[name] = own_budget.for_crops(suzak_args.tool_max_pixels)
         heldout = {source.name: source.held_out_rows(suzak_args.eval_rows) for source in sources}
         return source_tools(sources, budget, suzak_args.tool_max_visual_tokens, max_steps, own, heldout)
     return resolve_tools(suzak_args.tools, budget, suzak_args.tool_max_visual_tokens, max_steps)
