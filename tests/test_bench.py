@@ -188,3 +188,22 @@ def test_vision_reuse_bench_runs_both_settings_and_prints_its_recorded_rows(tmp_
     recorded = ROOT / "bench" / "results_vision_reuse.jsonl"
     table = _run("bench_vision_reuse.py", "--table", str(recorded), env=run_env).stdout
     assert len(table.splitlines()) == 2 + len(recorded.read_text().splitlines()) and "| True |" in table
+
+
+@pytest.mark.slow
+def test_episode_click_bench_runs_both_modes_and_prints_its_rows(tmp_path, run_env):
+    """bench/bench_episode_click.py: the task's tiny model after a short call prior, then the policy-gradient and the
+    supervised loop on the first click, a row per ``--every`` steps with the door rate and the well-formed share."""
+    results, prior = tmp_path / "click.jsonl", tmp_path / "prior"
+    common = ("--steps", "2", "--every", "1", "--prompts", "2", "--samples", "2", "--prior_steps", "2",
+              "--prior_dir", str(prior), "--results", str(results))  # fmt: skip
+    _run("bench_episode_click.py", "--mode", "pg", *common, env=run_env)
+    assert (prior / "config.json").exists()  # the prior, kept for the next run
+    out = _run("bench_episode_click.py", "--mode", "sft", "--screens", "grounding", *common, env=run_env)
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["mode"], r["step"]) for r in rows] == [("pg", 1), ("pg", 2), ("sft", 1), ("sft", 2)]
+    assert all(0 <= r["door_rate"] <= r["well_formed"] <= 1 for r in rows)
+    assert rows[-1]["screens"] == "grounding" and rows[0]["tools_turn"] is True
+    assert "| sft | grounding |" in out.stdout
+    table = _run("bench_episode_click.py", "--table", str(results), env=run_env).stdout
+    assert table.count("| pg | task |") == 2
