@@ -251,3 +251,77 @@ def test_an_environment_scores_its_rollouts_when_it_has_get_reward_and_a_missing
 
     with pytest.raises(TypeError, match="_screen"):  # when TRL makes its first one, before any rollout
         NoScreen.bound_to(budget)()
+
+
+def test_two_sources_of_one_environment_each_act_with_their_own_tool_settings(tmp_path, tiny_model_dir):
+    """Two sources of the doors episode in one GRPO run, each with its own tool settings: 'small' sees its next screen
+    at its own tool_max_pixels (56x56 where the first is 112x112) and finds the key in two actions; 'capped' stops
+    at its own max_tool_calling_iterations 1 after the door (0.5), where the run allows 2. A scripted policy that
+    reads each screen it is given (the door's white cell, then the key's yellow one) acts for the model."""
+    import datasets
+    import numpy as np
+    import yaml
+
+    from suzak.data.doors import doors_rows
+    from suzak.training.build import grpo_trainer
+    from suzak.training.configs import parse_args
+
+    datasets.Dataset.from_list(doors_rows(16, seed=3, side=112)).save_to_disk(str(tmp_path / "doors"))
+    source = {"dataset": str(tmp_path / "doors"), "prompt_template": "episode", "rewards": [],
+              "tools": ["suzak.data.doors.DoorsEnvironment"]}  # fmt: skip
+    recipe = yaml.safe_load(open("recipes/miniwob_mixture_smoke.yaml"))
+    recipe.update(datasets=[source | {"name": "small", "tool_max_pixels": 3136},
+                            source | {"name": "capped", "max_tool_calling_iterations": 1}],
+                  max_pixels=12544, tool_max_pixels=12544, max_tool_calling_iterations=2, output_dir=str(tmp_path / "run"),
+                  max_steps=1, per_device_train_batch_size=8)  # fmt: skip
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    trainer = grpo_trainer(*parse_args(["--config", str(path), "--model_name_or_path", str(tiny_model_dir)]))
+    tokenizer = trainer.processing_class.tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    screens_seen = []
+
+    def sees(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        texts = []
+        for ids, shown in zip(prompt_ids, images, strict=True):
+            if "The episode is over" in tokenizer.decode(ids[-40:]):
+                texts.append("Done.")
+                continue
+            screen = np.asarray(shown[-1].convert("RGB"))  # the screen it saw last, in the model's frame (pixels)
+            screens_seen.append(shown[-1].size)
+            lit = np.argwhere(screen.sum(-1) > 3 * 100)  # the door's (white) or the key's (yellow) cell
+            y, x = lit.mean(0)
+            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {int(x)}, "y": {int(y)}}}}}\n</tool_call>')
+        return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts], None
+
+    trainer._generate_single_turn = sees
+    rollouts = []
+    trainer.completion_listeners.append(rollouts.extend)
+    trainer.train()
+    rewards = {name: [float(r["reward/DoorsEnvironment"]) for r in rollouts if r["source"] == name]
+               for name in ("small", "capped")}  # fmt: skip
+    assert rewards["small"] and set(rewards["small"]) == {1.0}  # door, then the key on its small next screen
+    assert rewards["capped"] and set(rewards["capped"]) == {0.5}  # its own cap: the door alone
+    assert set(screens_seen) == {(112, 112), (56, 56)}  # the first screens, and 'small''s next ones alone
+    assert screens_seen.count((56, 56)) == len(rewards["small"])
+
+
+def test_a_sources_own_tool_settings_are_checked_against_the_run_and_its_tools():
+    """A source's own step cap above the run's (TRL's loop would cut it) and a step cap on the zoom (whose rounds are
+    the run's) are each one line naming the source; its own visual-token cap reaches its episodes."""
+    from suzak.data.mixture import parse_sources
+    from suzak.models.tools import source_tools
+
+    budget = PixelBudget(3136, 12544, factor=28)
+
+    def sources(**own):
+        return parse_sources([{"name": "gui", "dataset": "x.jsonl", "rewards": [], "tools": [own.pop("tool", "miniwob")],
+                               **own}])  # fmt: skip
+
+    factory = source_tools(sources(tool_max_visual_tokens=24), budget, 64, 3).by_source["gui"].environment_factory
+    assert (factory.max_visual_tokens, factory.max_steps) == (24, 3)
+    with pytest.raises(SuzakError, match=r"^datasets\[0\] \('gui'\): max_tool_calling_iterations 4 is above the run's 3"):
+        source_tools(sources(max_tool_calling_iterations=4), budget, None, 3)
+    with pytest.raises(SuzakError, match=r"^datasets\[0\] \('gui'\): max_tool_calling_iterations 2: a source's own step "
+                                         r"cap is an episode's .* zoom calls tools"):  # fmt: skip
+        source_tools(sources(max_tool_calling_iterations=2, tool="zoom", rewards=["accuracy"]), budget, None, 3)

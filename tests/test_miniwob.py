@@ -561,7 +561,8 @@ def _mixture_recipe(tmp_path, **changes) -> str:
 
 def test_an_episode_sources_screens_keep_its_own_pixel_budget(tiny_model_dir, tmp_path):
     """A source's own max_pixels is its screens' budget too (every next screen as large as its first), not the
-    budget enclosing the other sources'; a tool_max_pixels below a source's own min_pixels is one line naming it."""
+    budget enclosing the other sources'; a tool_max_pixels below a source's own min_pixels is one line naming it; a
+    source's own tool_max_pixels sets its screens' budget, within its pixel budget (or the run's)."""
     from suzak.training.build import RunInputs, run_tools
     from suzak.training.configs import parse_args
 
@@ -575,6 +576,13 @@ def test_an_episode_sources_screens_keep_its_own_pixel_budget(tiny_model_dir, tm
     suzak_args.datasets[1]["min_pixels"] = 6272
     inputs = RunInputs.read(suzak_args, model_args)
     with pytest.raises(SuzakError, match=r"^source 'episodes': tool_max_pixels 3136 must lie between min_pixels 6272"):
+        run_tools(suzak_args, inputs, 3)
+    suzak_args.datasets[1] |= {"min_pixels": None, "tool_max_pixels": 6272}  # the source's own, within its budget
+    inputs = RunInputs.read(suzak_args, model_args)
+    assert run_tools(suzak_args, inputs, 3).by_source["episodes"].environment_factory.budget.max_pixels == 6272
+    suzak_args.datasets[1] |= {"max_pixels": None, "tool_max_pixels": 401408}  # above the run's max_pixels
+    inputs = RunInputs.read(suzak_args, model_args)
+    with pytest.raises(SuzakError, match=r"^source 'episodes': tool_max_pixels 401408 must lie .*\(the run's pixel"):
         run_tools(suzak_args, inputs, 3)
 
 

@@ -72,6 +72,9 @@ class Source:
     min_pixels: int | None = None  # this source's pixel budget (OCR and screens want more than geometry)
     max_pixels: int | None = None
     tools: tuple[str, ...] = ()  # this source's environment (an episode's, the zoom): its rows alone act with it
+    tool_max_pixels: int | None = None  # its screens' (crops') pixels; None: the recipe's tool_max_pixels
+    tool_max_visual_tokens: int | None = None  # its episode's visual tokens over all screens; None: the recipe's
+    max_tool_calling_iterations: int | None = None  # its episode's actions (an episode's environment); None: the run's
     share: float = 0.0  # worked out by parse_sources: weight / sum of weights
 
     @property
@@ -105,7 +108,7 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
     >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": ["accuracy"], "wieght": 2}])
     Traceback (most recent call last):
     ...
-    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, eval_correct_at, min_pixels, max_pixels, tools
+    suzak.SuzakError: datasets[0] ('a'): unknown key 'wieght' (did you mean 'weight'?); a source's keys: name, dataset, options, weight, rewards, reward_weights, reward_kwargs, prompt_template, eval_rows, eval_correct_at, min_pixels, max_pixels, tools, tool_max_pixels, tool_max_visual_tokens, max_tool_calling_iterations
     >>> parse_sources([{"name": "a", "dataset": "color_squares", "rewards": []}])
     Traceback (most recent call last):
     ...
@@ -141,7 +144,7 @@ def parse_sources(entries: Sequence[Mapping], *, default_template: str | None = 
             rewards=rewards, reward_weights=reward_weights, reward_kwargs=kwargs,
             prompt_template=entry.get("prompt_template") or default_template, eval_rows=entry.get("eval_rows"),
             eval_correct_at=entry.get("eval_correct_at"), min_pixels=entry.get("min_pixels"),
-            max_pixels=entry.get("max_pixels"), tools=tools,
+            max_pixels=entry.get("max_pixels"), tools=tools, **_tool_settings_of(where, entry, tools),
         ))  # fmt: skip
     total = sum(source.weight for source in sources)
     return [Source(**source.settings, share=source.weight / total) for source in sources]
@@ -204,6 +207,32 @@ def _tools_of(where: str, entry: Mapping) -> tuple[str, ...]:
     if not isinstance(tools, (list, tuple)) or not all(isinstance(name, str) and name for name in tools):
         raise SuzakError(f"{where}: tools {tools!r} must be a list of tool names (zoom, miniwob or dotted paths)")
     return tuple(tools)
+
+
+TOOL_SETTINGS = ("tool_max_pixels", "tool_max_visual_tokens", "max_tool_calling_iterations")
+
+
+def _tool_settings_of(where: str, entry: Mapping, tools: tuple[str, ...]) -> dict[str, int]:
+    """An entry's own tool settings (:data:`TOOL_SETTINGS`, the recipe's names), whole numbers, only beside its own
+    ``tools``; checked against its budget and the run's when the run is built (:func:`suzak.training.build.run_tools`).
+
+    >>> _tool_settings_of("datasets[0] ('a')", {"tool_max_pixels": 3136}, ())
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): tool_max_pixels is a setting of the source's own tools, and it names none (tools: [...]); the recipe's tool_max_pixels is the run's
+    >>> _tool_settings_of("datasets[0] ('a')", {"max_tool_calling_iterations": 0}, ("miniwob",))
+    Traceback (most recent call last):
+    ...
+    suzak.SuzakError: datasets[0] ('a'): max_tool_calling_iterations 0 must be a whole number of 1 or more
+    """
+    settings = {key: entry[key] for key in TOOL_SETTINGS if entry.get(key) is not None}
+    for key, value in settings.items():
+        if not tools:
+            raise SuzakError(f"{where}: {key} is a setting of the source's own tools, and it names none (tools: "
+                             f"[...]); the recipe's {key} is the run's")  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SuzakError(f"{where}: {key} {value!r} must be a whole number of 1 or more")
+    return settings
 
 
 def _rewards_of(where: str, entry: Mapping, *, scored_by_tools: bool = False

@@ -265,9 +265,10 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
                  max_steps: int | None = None, crop_budgets: Mapping[str, PixelBudget | None] | None = None,
                  heldout_rows: Mapping[str, int] | None = None) -> ToolSet:  # fmt: skip
     """A mixture's tools where its sources name their own (``datasets[i].tools``): each source's an environment (an
-    episode's, the zoom, a class with ``reset``) resolved as :func:`resolve_tools` resolves a run's, with the run's
-    caps and its screens' (crops') budget: ``crop_budgets[name]`` where the source has its own pixel budget, else
-    ``crop_budget``; its rows alone act with it. A source without rewards needs an environment that scores its
+    episode's, the zoom, a class with ``reset``) resolved as :func:`resolve_tools` resolves a run's, with its own caps
+    (``tool_max_visual_tokens``, ``max_tool_calling_iterations``: an episode's, at most the run's) where it sets them,
+    else the run's, and its screens' (crops') budget: ``crop_budgets[name]`` where the source has its own pixel budget
+    or ``tool_max_pixels``, else ``crop_budget``; its rows alone act with it. A source without rewards needs an environment that scores its
     episodes, and one that keeps them (a :class:`suzak.models.episodes.ScreenEnvironment`) where it holds rows out
     (``heldout_rows``: the held-out eval scores those by their episode). Each mistake is one line naming the source.
 
@@ -287,10 +288,19 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
     for index, source in enumerate(sources):
         where = f"datasets[{index}] ({source.name!r})"
         budget = (crop_budgets or {}).get(source.name, crop_budget)
+        own_steps = getattr(source, "max_tool_calling_iterations", None)
+        if own_steps is not None and max_steps is not None and own_steps > max_steps:
+            raise SuzakError(f"{where}: max_tool_calling_iterations {own_steps} is above the run's {max_steps}, "
+                             "which TRL's tool loop stops every rollout at: raise the run's, or lower the source's")  # fmt: skip
+        own_tokens = getattr(source, "tool_max_visual_tokens", None)
         try:
-            toolset = resolve_tools(list(source.tools), budget, max_visual_tokens, max_steps)
+            toolset = resolve_tools(list(source.tools), budget, own_tokens or max_visual_tokens, own_steps or max_steps)
         except SuzakError as error:
             raise SuzakError(f"{where}: {error}") from None
+        if own_steps is not None and not getattr(toolset.environment_factory, "episode", False):
+            raise SuzakError(f"{where}: max_tool_calling_iterations {own_steps}: a source's own step cap is an "
+                             f"episode's (a ScreenEnvironment ends its episode there); {', '.join(source.tools)} "
+                             "calls tools for as many rounds as the run's max_tool_calling_iterations")  # fmt: skip
         if toolset.tools:
             raise SuzakError(f"{where}: tools {', '.join(source.tools)}: a source's tools are one environment (zoom, "
                              "miniwob or a class with reset); plain tool functions go in the recipe's tools, for "

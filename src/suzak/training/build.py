@@ -304,13 +304,19 @@ def run_tools(suzak_args, inputs: RunInputs, max_steps: int | None):
         if suzak_args.tools:
             raise SuzakError(f"tools: {', '.join(suzak_args.tools)} for the whole run, and the mixture's sources name "
                              "their own (datasets[i].tools): give each source its tools, or leave them to the run")  # fmt: skip
-        own = {}  # a source's own pixel budget is its screens' too
-        for name, own_budget in inputs.source_budgets.items():
+        own = {}  # a source's own pixel budget is its screens' too, within it its own tool_max_pixels where set
+        for source in sources:
+            own_budget = inputs.source_budgets.get(source.name)
+            if own_budget is None and source.tool_max_pixels is None:
+                continue
+            within = own_budget or inputs.budget
+            tool_max_pixels = source.tool_max_pixels or suzak_args.tool_max_pixels
             try:
-                check_tool_settings(own_budget.min_pixels, own_budget.max_pixels, suzak_args.tool_max_pixels, None)
+                check_tool_settings(within.min_pixels, within.max_pixels, tool_max_pixels, None)
             except SuzakError as error:
-                raise SuzakError(f"source {name!r}: {error} (its own pixel budget)") from None
-            own[name] = own_budget.for_crops(suzak_args.tool_max_pixels)
+                whose = "its own pixel budget" if own_budget else "the run's pixel budget"
+                raise SuzakError(f"source {source.name!r}: {error} ({whose})") from None
+            own[source.name] = within.for_crops(tool_max_pixels)
         heldout = {source.name: source.held_out_rows(suzak_args.eval_rows) for source in sources}
         return source_tools(sources, budget, suzak_args.tool_max_visual_tokens, max_steps, own, heldout)
     return resolve_tools(suzak_args.tools, budget, suzak_args.tool_max_visual_tokens, max_steps)
