@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -40,7 +39,6 @@ RESULTS = ROOT / "bench" / "results_episode_click.jsonl"
 FIELDS = ("mode", "screens", "tools_turn", "formed_only", "advantage", "adam_epsilon", "lr", "prompts", "samples",
           "step", "door_rate",
           "well_formed", "commit", "date")  # fmt: skip
-CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
 def prior_model(args, config, spec) -> Path:
@@ -85,15 +83,17 @@ def screens(kind: str, count: int, side: int, rng):
     ]
 
 
-def clicked_cell(text: str, frame, side: int) -> int | None:
-    """The cell of the first call's click in ``text`` (None: no well-formed click)."""
+def clicked_cell(tokenizer, ids: list[int], prefix: list[int], tools: list, frame, side: int) -> int | None:
+    """The cell of the first click in the completion ``ids`` (after the prompt ids ``prefix``), read as TRL's tool
+    loop reads a turn (:func:`suzak.trl_internals.tools.parse_turn`); None where it holds no well-formed click."""
     from suzak.data.doors import cell_of
+    from suzak.trl_internals.tools import parse_turn
 
-    match = CALL.search(text)
+    calls = parse_turn(tokenizer, ids, prefix, tools).get("tool_calls") or []
     try:
-        arguments = json.loads(match.group(1))["arguments"] if match else None
+        arguments = calls[0]["function"]["arguments"]
         point = frame.point_from_model((float(arguments["x"]), float(arguments["y"])))
-    except (ValueError, KeyError, TypeError):
+    except (IndexError, KeyError, TypeError, ValueError):
         return None
     return cell_of(*point, side)
 
@@ -108,6 +108,7 @@ def run(args) -> list[dict]:
     from suzak.media.boxes import BoxFrame
     from suzak.scoring.prompts import episode_prompt
     from suzak.selftest.config import SelfTestConfig
+    from suzak.selftest.episodes import click_turn
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -120,10 +121,13 @@ def run(args) -> list[dict]:
     budget, _ = config.budgets(processor)
     side = spec.image_tokens[0] * budget.factor * spec.image_scale
     frame = BoxFrame.of(args.family, side, side, budget)
-    tools = [get_json_schema(DoorsEnvironment.bound_to(budget)().click)] if args.tools_turn else None
-    prompt = processor.apply_chat_template(episode_prompt(INSTRUCTION, "episode"), tools=tools, tokenize=False,
+    click = DoorsEnvironment.bound_to(budget)().click
+    tools = [click]  # what the completions' calls are parsed against (TRL's tool loop's)
+    schemas = [get_json_schema(click)] if args.tools_turn else None
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = processor.apply_chat_template(episode_prompt(INSTRUCTION, "episode"), tools=schemas, tokenize=False,
                                            add_generation_prompt=True)  # fmt: skip
-    answers = [processor.apply_chat_template([_call(frame.click_point(cell_box(cell, side)))], tokenize=False)
+    answers = [processor.apply_chat_template([click_turn(frame.click_point(cell_box(cell, side)))], tokenize=False)
                .split("<|im_start|>assistant\n", 1)[1].rstrip("\n") for cell in range(4)]  # fmt: skip
     # every screen is the same size, so the prompt's tokens (the supervised targets start after them) are too
     prompt_length = len(processor(text=[prompt], images=[budget.fit(draw_cell(0, side, DOOR))])["input_ids"][0])
@@ -144,7 +148,10 @@ def run(args) -> list[dict]:
         completion = out[:, length:].clone()
         sampled_image = (completion == image_token) | (completion == model.config.vision_start_token_id)
         completion[sampled_image] = tokenizer.pad_token_id  # a sampled image token has no pixels: treated as the end
-        cells = [clicked_cell(text, frame, side) for text in tokenizer.batch_decode(completion)]
+        prefix, stops = inputs["input_ids"][0].tolist(), (tokenizer.pad_token_id, end)
+        turns = [row[: next((j + (t == end) for j, t in enumerate(row) if t in stops), len(row))]
+                 for row in completion.tolist()]  # each completion through its end of turn  # fmt: skip
+        cells = [clicked_cell(tokenizer, ids, prefix, tools, frame, side) for ids in turns]
         return inputs, length, completion, cells
 
     for step in range(1, args.steps + 1):
@@ -200,12 +207,6 @@ def run(args) -> list[dict]:
             print(markdown_table(rows[-1:], FIELDS).splitlines()[-1], flush=True)
             hits, formed, seen = 0, 0, 0
     return rows
-
-
-def _call(point: tuple[int, int]) -> dict:
-    """An assistant turn calling ``click`` at ``point`` (the model's frame)."""
-    call = {"type": "function", "function": {"name": "click", "arguments": {"x": point[0], "y": point[1]}}}
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 def _repeat(key: str, value, samples: int, prompts: int):

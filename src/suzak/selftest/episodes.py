@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from suzak.media.vision import PixelBudget
     from suzak.selftest.config import SelfTestConfig
 
-__all__ = ["BLANK", "SPEC", "episode_call_prior", "episode_corpus"]
+__all__ = ["BLANK", "SPEC", "click_turn", "episode_call_prior", "episode_corpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def episode_call_prior(model, processor, budget: PixelBudget, environment: type,
         framed = with_box_frame(row, family, budget)
         frame = BoxFrame.from_dict(framed[BOX_FRAME_COLUMN])
         side = row["image"].width
-        clicks = [_click(_cell_click(int(cell), side, frame)) for cell in rng.integers(0, CELLS, 2)]
+        clicks = [click_turn(_cell_click(int(cell), side, frame)) for cell in rng.integers(0, CELLS, 2)]
         env = environment.bound_to(budget, max_steps=2)()
         env.reset(**framed)
         turn = i % 3
@@ -122,7 +122,7 @@ def episode_call_prior(model, processor, budget: PixelBudget, environment: type,
         if turn >= 1:  # the door opened (the screen after it is the condition's: the key's, or blank)
             door = _cell_click(int(row["door"]), side, frame)
             images.append(env.click(*door)[0]["image"])
-            messages += [_click(door), {"role": "tool", "name": "click", "content": [{"type": "image"}]}]
+            messages += [click_turn(door), {"role": "tool", "name": "click", "content": [{"type": "image"}]}]
         if turn == 2:
             x, y = clicks[1]["tool_calls"][0]["function"]["arguments"].values()
             messages += [clicks[1], {"role": "tool", "name": "click", "content": env.click(x, y)}]
@@ -132,7 +132,7 @@ def episode_call_prior(model, processor, budget: PixelBudget, environment: type,
                lr_scheduler_type=lr_scheduler_type, seed=seed)  # fmt: skip
 
 
-def _click(point: tuple[int, int]) -> dict:
+def click_turn(point: tuple[int, int]) -> dict:
     """An assistant turn calling ``click`` at ``point``."""
     return {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "click", "arguments": {"x": point[0], "y": point[1]}}}]}  # fmt: skip
