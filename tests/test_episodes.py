@@ -258,6 +258,8 @@ def test_two_sources_of_one_environment_each_act_with_their_own_tool_settings(tm
     at its own tool_max_pixels (56x56 where the first is 112x112) and finds the key in two actions; 'capped' stops
     at its own max_tool_calling_iterations 1 after the door (0.5), where the run allows 2. A scripted policy that
     reads each screen it is given (the door's white cell, then the key's yellow one) acts for the model."""
+    import json
+
     import datasets
     import numpy as np
     import yaml
@@ -291,7 +293,8 @@ def test_two_sources_of_one_environment_each_act_with_their_own_tool_settings(tm
             screens_seen.append(shown[-1].size)
             lit = np.argwhere(screen.sum(-1) > 3 * 100)  # the door's (white) or the key's (yellow) cell
             y, x = lit.mean(0)
-            texts.append(f'<tool_call>\n{{"name": "click", "arguments": {{"x": {int(x)}, "y": {int(y)}}}}}\n</tool_call>')
+            call = {"name": "click", "arguments": {"x": int(x), "y": int(y)}}
+            texts.append(f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
         return [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts], None
 
     trainer._generate_single_turn = sees
@@ -320,7 +323,7 @@ def test_a_sources_own_tool_settings_are_checked_against_the_run_and_its_tools()
 
     factory = source_tools(sources(tool_max_visual_tokens=24), budget, 64, 3).by_source["gui"].environment_factory
     assert (factory.max_visual_tokens, factory.max_steps) == (24, 3)
-    with pytest.raises(SuzakError, match=r"^datasets\[0\] \('gui'\): max_tool_calling_iterations 4 is above the run's 3"):
+    with pytest.raises(SuzakError, match=r"^datasets\[0\] \('gui'\): max_tool_calling_iterations 4 is above the run"):
         source_tools(sources(max_tool_calling_iterations=4), budget, None, 3)
     with pytest.raises(SuzakError, match=r"^datasets\[0\] \('gui'\): max_tool_calling_iterations 2: a source's own step "
                                          r"cap is an episode's .* zoom calls tools"):  # fmt: skip
