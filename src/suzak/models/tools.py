@@ -268,9 +268,10 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
     episode's, the zoom, a class with ``reset``) resolved as :func:`resolve_tools` resolves a run's, with its own caps
     (``tool_max_visual_tokens``, ``max_tool_calling_iterations``: an episode's, at most the run's) where it sets them,
     else the run's, and its screens' (crops') budget: ``crop_budgets[name]`` where the source has its own pixel budget
-    or ``tool_max_pixels``, else ``crop_budget``; its rows alone act with it. A source without rewards needs an environment that scores its
-    episodes, and one that keeps them (a :class:`suzak.models.episodes.ScreenEnvironment`) where it holds rows out
-    (``heldout_rows``: the held-out eval scores those by their episode). Each mistake is one line naming the source.
+    or ``tool_max_pixels``, else ``crop_budget``; its rows alone act with it. A source without rewards needs an
+    environment that scores its episodes, and one that keeps them (a :class:`suzak.models.episodes.ScreenEnvironment`)
+    where it holds rows out (``heldout_rows``: the held-out eval scores those by their episode). Each mistake is one
+    line naming the source.
 
     >>> from suzak.data.mixture import parse_sources
     >>> def one(tools, rewards):
@@ -288,11 +289,11 @@ def source_tools(sources: Sequence[Any], crop_budget: PixelBudget | None, max_vi
     for index, source in enumerate(sources):
         where = f"datasets[{index}] ({source.name!r})"
         budget = (crop_budgets or {}).get(source.name, crop_budget)
-        own_steps = getattr(source, "max_tool_calling_iterations", None)
+        own_steps = source.max_tool_calling_iterations
         if own_steps is not None and max_steps is not None and own_steps > max_steps:
             raise SuzakError(f"{where}: max_tool_calling_iterations {own_steps} is above the run's {max_steps}, "
                              "which TRL's tool loop stops every rollout at: raise the run's, or lower the source's")  # fmt: skip
-        own_tokens = getattr(source, "tool_max_visual_tokens", None)
+        own_tokens = source.tool_max_visual_tokens
         try:
             toolset = resolve_tools(list(source.tools), budget, own_tokens or max_visual_tokens, own_steps or max_steps)
         except SuzakError as error:
