@@ -36,7 +36,8 @@ from stamp import append_rows, commit, markdown_table  # bench/stamp.py (the scr
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results_episode_click.jsonl"
-FIELDS = ("mode", "screens", "tools_turn", "formed_only", "advantage", "adam_epsilon", "lr", "prompts", "samples",
+SIZES = "bench_tiny.json"  # beside a prior: the --tiny sizes it was built with
+FIELDS = ("mode", "tiny", "screens", "tools_turn", "formed_only", "advantage", "adam_epsilon", "lr", "prompts", "samples",
           "step", "door_rate",
           "well_formed", "commit", "date")  # fmt: skip
 
@@ -52,10 +53,16 @@ def prior_model(args, config, spec) -> Path:
 
     folder = Path(args.prior_dir)
     if (folder / "config.json").exists():
+        built = json.loads((folder / SIZES).read_text()) if (folder / SIZES).exists() else {}
+        if args.tiny and args.tiny != built:
+            sizes = json.dumps(built) if built else "the task's sizes"
+            sys.exit(f"--tiny {json.dumps(args.tiny)}: the prior in {folder} was built with {sizes}; name another "
+                     "--prior_dir")  # fmt: skip
+        args.tiny = built  # the rows name the sizes of the model they ran
         return folder
     work = Path(tempfile.mkdtemp(prefix="suzak-bench-click-"))
     tiny = TinyConfig.shaped(args.family, for_vllm=spec.vllm_shape, extra_corpus=episodes.episode_corpus(args.family),
-                             **spec.tiny)  # fmt: skip
+                             **spec.tiny | args.tiny)  # fmt: skip
     model_dir = build_tiny_model(work / "model", tiny)
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
@@ -65,6 +72,7 @@ def prior_model(args, config, spec) -> Path:
     episodes.prior(config, "aligned", model, processor, budget, None, None, work, steps=args.prior_steps)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
+    (folder / SIZES).write_text(json.dumps(args.tiny))
     return folder
 
 
@@ -200,7 +208,7 @@ def run(args) -> list[dict]:
         if step % args.every == 0:
             rows.append({"mode": args.mode, "screens": args.screens, "tools_turn": args.tools_turn,
                          "formed_only": args.formed_only, "advantage": args.advantage,
-                         "adam_epsilon": args.adam_epsilon, "lr": args.lr,
+                         "adam_epsilon": args.adam_epsilon, "lr": args.lr, "tiny": json.dumps(args.tiny) if args.tiny else "",
                          "prompts": args.prompts, "samples": args.samples, "step": step, "door_rate": hits / seen,
                          "well_formed": formed / seen, "commit": commit(),
                          "date": datetime.date.today().isoformat()})  # fmt: skip
@@ -263,6 +271,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prior_dir", default=os.path.join(tempfile.gettempdir(), "suzak-bench-click-prior"))
     parser.add_argument("--prior_steps", type=int, default=None, help="the prior's SFT steps (default: the task's)")
+    parser.add_argument(
+        "--tiny",
+        type=json.loads,
+        default={},
+        help="the tiny model's sizes where they differ from the "
+        "task's (JSON, TinyConfig's fields: '{\"hidden_size\": 128, \"num_attention_heads\": 4}'); "
+        "the prior in --prior_dir is reused as it is, whatever they say",
+    )
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--table", help="print the rows of this results file and exit")
     args = parser.parse_args()

@@ -204,6 +204,14 @@ def test_episode_click_bench_runs_both_modes_and_prints_its_rows(tmp_path, run_e
     assert [(r["mode"], r["step"]) for r in rows] == [("pg", 1), ("pg", 2), ("sft", 1), ("sft", 2)]
     assert all(0 <= r["door_rate"] <= r["well_formed"] <= 1 for r in rows)
     assert rows[-1]["screens"] == "grounding" and rows[0]["tools_turn"] is True
-    assert "| sft | grounding |" in out.stdout
+    assert "| sft |  | grounding |" in out.stdout
+    wider = ("--tiny", '{"hidden_size": 128, "num_attention_heads": 4}')
+    refused = subprocess.run([sys.executable, "bench/bench_episode_click.py", "--mode", "sft", *common, *wider],
+                             cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert refused.returncode != 0 and "was built with the task's sizes; name another --prior_dir" in refused.stderr
+    common = (*common[:-3], str(tmp_path / "wider"), "--results", str(results))  # its own prior, the sizes recorded
+    _run("bench_episode_click.py", "--mode", "sft", *common, *wider, env=run_env)
+    wide = [json.loads(line) for line in results.read_text().splitlines()][-1]
+    assert json.loads(wide["tiny"]) == {"hidden_size": 128, "num_attention_heads": 4}
     table = _run("bench_episode_click.py", "--table", str(results), env=run_env).stdout
-    assert table.count("| pg | task |") == 2
+    assert table.count("| pg |  | task |") == 2 and table.count('| sft | {"hidden_size": 128') == 2
