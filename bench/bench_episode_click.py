@@ -132,7 +132,6 @@ def run(args) -> list[dict]:
     click = DoorsEnvironment.bound_to(budget)().click
     tools = [click]  # what the completions' calls are parsed against (TRL's tool loop's)
     schemas = [get_json_schema(click)] if args.tools_turn else None
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     prompt = processor.apply_chat_template(episode_prompt(INSTRUCTION, "episode"), tools=schemas, tokenize=False,
                                            add_generation_prompt=True)  # fmt: skip
     answers = [processor.apply_chat_template([click_turn(frame.click_point(cell_box(cell, side)))], tokenize=False)
@@ -156,9 +155,8 @@ def run(args) -> list[dict]:
         completion = out[:, length:].clone()
         sampled_image = (completion == image_token) | (completion == model.config.vision_start_token_id)
         completion[sampled_image] = tokenizer.pad_token_id  # a sampled image token has no pixels: treated as the end
-        prefix, stops = inputs["input_ids"][0].tolist(), (tokenizer.pad_token_id, end)
-        turns = [row[: next((j + (t == end) for j, t in enumerate(row) if t in stops), len(row))]
-                 for row in completion.tolist()]  # each completion through its end of turn  # fmt: skip
+        prefix = inputs["input_ids"][0].tolist()
+        turns = [row[: _turn_length(row, tokenizer)] for row in completion.tolist()]
         cells = [clicked_cell(tokenizer, ids, prefix, tools, frame, side) for ids in turns]
         return inputs, length, completion, cells
 
@@ -224,16 +222,19 @@ def _repeat(key: str, value, samples: int, prompts: int):
     return value.repeat_interleave(samples, 0)
 
 
+def _turn_length(row: list[int], tokenizer) -> int:
+    """The tokens of a completion ``row`` through its first end of turn (padding after it, or in its place, left out)."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return next((j + (token == end) for j, token in enumerate(row) if token in (end, tokenizer.pad_token_id)), len(row))
+
+
 def _call_mask(completion, tokenizer):
     """1 on each completion's tokens through its first end of turn, 0 after (and on padding)."""
     import torch
 
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     mask = torch.ones_like(completion, dtype=torch.float)
     for i, row in enumerate(completion.tolist()):
-        stops = [j for j, token in enumerate(row) if token in (end, tokenizer.pad_token_id)]
-        if stops:
-            mask[i, stops[0] + (row[stops[0]] == end) :] = 0
+        mask[i, _turn_length(row, tokenizer) :] = 0
     return mask
 
 
